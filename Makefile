@@ -1,0 +1,112 @@
+# The course's commands. The two a learner needs: `make lab` and `make test`.
+# Every target builds the environment first when it is missing (make setup).
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.setup-done
+PORT   ?= 8888
+IP     ?= 127.0.0.1
+# instructor targets: SUBMISSIONS=folder-or-zip, STUDENT=id
+SUBMISSIONS ?= submissions
+# the venv's tools first (nbgrader calls `alembic`, notebooks call `horovodrun`)
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: help setup lab lab-instructor test test-fast data info release check-release \
+        clean-notebooks check-notebooks course bench calibrate collect autograde feedback \
+        grades certificates grade-me clean
+
+help:
+	@echo "make lab             start JupyterLab on the course (learner view; builds the environment first)"
+	@echo "make test            check everything: unit tests, Horovod jobs, every notebook, nbgrader round trip"
+	@echo "make setup           create .venv (Python 3.11), install the pinned packages, build Horovod"
+	@echo "make info            show the hardware mode, cores/GPUs and the Horovod build"
+	@echo "make data            generate the course's JPEG data set (once)"
+	@echo "make release         regenerate learner copies (notebooks/, assessments/) from solutions/"
+	@echo "make check-release   fail when learner copies differ from what make release generates"
+	@echo "make clean-notebooks strip outputs and volatile metadata (check-notebooks only checks)"
+	@echo "make lab-instructor  JupyterLab with the nbgrader formgrader on solutions/"
+	@echo "instructor: make collect SUBMISSIONS=dir|zip, autograde, feedback, grades, certificates"
+
+# ---------------------------------------------------------------------------------- environment
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml tools/install_horovod.sh tools/horovod-0.28.1-cxx17.patch
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (or make setup PYTHON=/path/to/python3.11)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check -e .
+	tools/install_horovod.sh $(PY)
+	@touch $@
+	@echo "environment ready in $(VENV)"
+
+info: $(STAMP)
+	$(BIN)/multigpu info
+
+data: $(STAMP)
+	$(BIN)/multigpu data
+
+# ---------------------------------------------------------------------------------- learners
+lab: $(STAMP)
+	$(BIN)/multigpu info || true
+	$(BIN)/multigpu data
+	$(BIN)/jupyter lab --ServerApp.ip=$(IP) --ServerApp.port=$(PORT) --ServerApp.root_dir=$(CURDIR) \
+	    --LabApp.default_url=/lab/tree/notebooks/00-welcome.ipynb
+
+lab-instructor: $(STAMP)
+	$(BIN)/jupyter lab --ServerApp.ip=$(IP) --ServerApp.port=$(PORT) --ServerApp.root_dir=$(CURDIR)
+
+grade-me: $(STAMP)
+	$(BIN)/multigpu grade assessments
+
+# ---------------------------------------------------------------------------------- checks
+test: $(STAMP)
+	MULTIGPU_QUICK=1 $(PY) -m pytest
+
+test-fast: $(STAMP)
+	MULTIGPU_QUICK=1 $(PY) -m pytest -m "not slow"
+
+check-notebooks: $(STAMP)
+	$(BIN)/multigpu clean-notebooks --check
+
+clean-notebooks: $(STAMP)
+	$(BIN)/multigpu clean-notebooks
+
+# ---------------------------------------------------------------------------------- instructors
+release: $(STAMP)
+	$(PY) -m multigpu.release
+	@echo "learner copies regenerated in notebooks/ and assessments/: review and commit them"
+
+check-release: $(STAMP)
+	$(PY) -m multigpu.release --check
+
+course: $(STAMP)
+	MULTIGPU_QUICK=0 $(PY) -m pytest tests/test_notebooks.py -s
+
+collect: $(STAMP)
+	$(PY) -m multigpu.release --collect $(SUBMISSIONS)
+
+autograde: $(STAMP)
+	$(PY) -m multigpu.release --gradebook
+	$(BIN)/nbgrader autograde notebooks
+	$(BIN)/nbgrader autograde assessments
+	@echo "autograded copies in grading/autograded/, scores in grading/gradebook.db"
+
+feedback: $(STAMP)
+	$(BIN)/nbgrader generate_feedback notebooks
+	$(BIN)/nbgrader generate_feedback assessments
+	@echo "feedback (HTML per student and notebook) in grading/feedback/"
+
+grades: $(STAMP)
+	$(BIN)/nbgrader export --to grading/grades.csv
+	@echo "grades written to grading/grades.csv"
+
+certificates: $(STAMP)
+	$(BIN)/multigpu certify
+
+calibrate: $(STAMP)
+	$(BIN)/multigpu calibrate
+
+clean:
+	rm -rf grading/submitted grading/autograded grading/feedback .pytest_cache

@@ -1,0 +1,356 @@
+"""Start worker processes from a notebook, a test or the grader, and always get control back.
+
+Every launcher here is bounded in time: a worker that crashes stops the whole job at once (its
+peers would otherwise wait forever in a collective), a job that runs past ``timeout`` is killed
+with its whole process group, and both raise an exception that says which rank failed and why.
+Output is streamed live, each line prefixed with its rank, and capped so that a runaway loop
+cannot flood a notebook.
+
+- :func:`run` runs ``fn(rank, world_size, *args)`` in ``nprocs`` fresh Python processes with
+  ``torch.distributed`` initialised (Gloo in CPU mode, NCCL in GPU mode). ``fn`` may be defined
+  in a notebook: it travels by cloudpickle.
+- :func:`horovodrun` runs a command under ``horovodrun -np N -H localhost:N``.
+- :func:`run_horovod` runs ``fn(*args)`` under ``horovodrun`` in N processes (``fn`` calls
+  ``hvd.init()`` itself) and returns each rank's return value.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+#: Lines of output printed per job before the rest is dropped (the tail is still kept for errors).
+MAX_PRINTED_LINES = 2000
+#: Seconds the peers of a crashed worker get to exit on their own before they are killed.
+CRASH_GRACE_S = 3.0
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed; the message holds its rank, exit code and traceback or output tail."""
+
+
+class WorkerTimeout(WorkerError):
+    """The job ran past its time limit and was killed."""
+
+
+@dataclass
+class JobResult:
+    """What a finished job left: exit codes, wall time, output lines and per-rank return values."""
+
+    returncodes: list[int]
+    seconds: float
+    output: list[str] = field(default_factory=list)
+    values: list[Any] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.output)
+
+
+def free_port() -> int:
+    """A TCP port on localhost that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    """An executable of the running Python's environment (e.g. the venv's ``horovodrun``)."""
+    candidate = Path(sys.executable).parent / name
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"'{name}' not found next to {sys.executable} or on PATH: run 'make setup'")
+    return found
+
+
+def _dump_job(path: Path, fn: Callable[..., Any], args: Sequence[Any], backend: str | None) -> None:
+    """Pickle the job. Functions from modules the workers cannot import (a test file, a script
+    run from elsewhere) travel by value, like functions defined in a notebook."""
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    by_value = (
+        module is not None
+        and module.__name__ != "__main__"
+        and not module.__name__.startswith("multigpu")
+        and "site-packages" not in (getattr(module, "__file__", "") or "site-packages")
+    )
+    if by_value:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        with open(path, "wb") as f:
+            cloudpickle.dump((fn, tuple(args), backend), f)
+    finally:
+        if by_value:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def _pythonpath_env(extra: dict[str, str] | None) -> dict[str, str]:
+    """The environment for workers: ours, with this package importable and output unbuffered."""
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("MULTIGPU_PLAIN_PROGRESS", "1")
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _kill(procs: Sequence[subprocess.Popen]) -> None:
+    """Kill each process's whole session (its children too: horovodrun starts the workers)."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process in uninterruptible sleep
+            pass
+
+
+def _supervise(
+    procs: list[subprocess.Popen],
+    labels: list[str],
+    timeout: float,
+    echo: bool,
+    what: str,
+) -> JobResult:
+    """Stream the processes' output, stop everything on the first crash or at the deadline."""
+    lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
+
+    def pump(i: int, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            lines.put((i, raw.decode(errors="replace").rstrip("\n")))
+        lines.put((i, None))
+
+    readers = [threading.Thread(target=pump, args=(i, p.stdout), daemon=True) for i, p in enumerate(procs)]
+    for t in readers:
+        t.start()
+
+    start = time.monotonic()
+    deadline = start + timeout
+    output: list[str] = []
+    tails = [deque(maxlen=40) for _ in procs]
+    printed = 0
+    open_streams = len(procs)
+    first_failure: int | None = None
+    failure_time = 0.0
+    try:
+        while True:
+            now = time.monotonic()
+            if now > deadline:
+                _kill(procs)
+                running = [labels[i] for i, p in enumerate(procs) if p.returncode in (None, -signal.SIGKILL)]
+                tail = "\n".join(output[-20:])
+                raise WorkerTimeout(
+                    f"{what} ran past its time limit of {timeout:.0f} s and was killed "
+                    f"(still running: {', '.join(running) or 'none'}). A worker may be waiting in a "
+                    f"collective that another never joined, or looping. Last output:\n{tail}"
+                )
+            try:
+                i, line = lines.get(timeout=0.1)
+                if line is None:
+                    open_streams -= 1
+                else:
+                    text = f"[{labels[i]}] {line}" if len(procs) > 1 else line
+                    output.append(text)
+                    tails[i].append(line)
+                    if echo and printed < MAX_PRINTED_LINES:
+                        print(text, flush=True)
+                        printed += 1
+                        if printed == MAX_PRINTED_LINES:
+                            print(f"... more output than {MAX_PRINTED_LINES} lines: the rest is not shown", flush=True)
+            except queue.Empty:
+                pass
+            codes = [p.poll() for p in procs]
+            if first_failure is None:
+                bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+                if bad:
+                    first_failure, failure_time = bad[0], time.monotonic()
+            if first_failure is not None and time.monotonic() - failure_time > CRASH_GRACE_S:
+                _kill(procs)
+            if all(c is not None for c in codes) and (open_streams == 0 or first_failure is not None):
+                break
+    except BaseException:
+        _kill(procs)  # KeyboardInterrupt in a notebook must not leave orphans behind
+        raise
+    for t in readers:
+        t.join(timeout=1)
+    return JobResult([p.returncode for p in procs], time.monotonic() - start, output)
+
+
+def _read_values(outdir: Path, n: int, labels: list[str], result: JobResult, what: str) -> list[Any]:
+    """Collect each rank's ``(status, payload)`` record; raise on the first rank that failed."""
+    records: list[tuple[str, Any] | None] = []
+    for rank in range(n):
+        path = outdir / f"rank{rank}.pkl"
+        try:
+            with open(path, "rb") as f:
+                records.append(cloudpickle.load(f))
+        except (OSError, EOFError, Exception):  # noqa: BLE001 - a killed worker leaves no or half a file
+            records.append(None)
+    # The rank that failed first is the cause; its peers then only report a lost connection.
+    def written(rank: int) -> int:
+        try:
+            return (outdir / f"rank{rank}.pkl").stat().st_mtime_ns
+        except OSError:
+            return 1 << 62
+
+    order = sorted(range(n), key=written)
+    for rank in order:
+        rec = records[rank]
+        if rec is not None and rec[0] == "error":
+            raise WorkerError(f"{what}: rank {rank} raised an exception:\n{rec[1]}")
+    for rank, rec in enumerate(records):
+        if rec is None:
+            code = result.returncodes[rank] if rank < len(result.returncodes) else None
+            tail = "\n".join(result.output[-20:])
+            raise WorkerError(
+                f"{what}: rank {rank} ended without a result (exit code {code}; "
+                f"killed after a peer failed, or crashed hard). Last output:\n{tail}"
+            )
+    return [rec[1] for rec in records]  # type: ignore[index]
+
+
+def run(
+    fn: Callable[..., Any],
+    nprocs: int,
+    *,
+    args: Sequence[Any] = (),
+    timeout: float = 120.0,
+    backend: str | None = "auto",
+    env: dict[str, str] | None = None,
+    threads: int | None = None,
+    echo: bool = True,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``nprocs`` worker processes; return their values.
+
+    ``backend``: ``"auto"`` (NCCL in GPU mode, Gloo in CPU mode), ``"gloo"``, ``"nccl"``, or
+    ``None`` for no process group. ``threads``: torch threads per worker (default: the cores
+    shared fairly, one each when workers outnumber cores). Raises :class:`WorkerError` when a
+    worker raises or crashes and :class:`WorkerTimeout` after ``timeout`` seconds; in both cases
+    every worker has been killed.
+    """
+    from multigpu import devices
+
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be >= 1, got {nprocs}")
+    info = devices.detect()
+    if backend == "auto":
+        backend = info.backend
+    threads = threads or devices.threads_per_worker(nprocs, info)
+    with tempfile.TemporaryDirectory(prefix="multigpu-job-") as tmp:
+        outdir = Path(tmp)
+        job = outdir / "job.pkl"
+        _dump_job(job, fn, args, backend)
+        port = str(free_port())
+        procs = []
+        for rank in range(nprocs):
+            worker_env = _pythonpath_env(env)
+            worker_env.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(nprocs),
+                LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(nprocs),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                MULTIGPU_THREADS=str(threads),
+                MULTIGPU_TIMEOUT=str(int(timeout)),
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "multigpu._worker", "run", str(job), str(outdir)],
+                    env=worker_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
+        labels = [f"rank {r}" for r in range(nprocs)]
+        what = f"job of {nprocs} worker(s)"
+        result = _supervise(procs, labels, timeout, echo, what)
+        return _read_values(outdir, nprocs, labels, result, what)
+
+
+def horovodrun(
+    argv: Sequence[str],
+    np: int,
+    *,
+    timeout: float = 300.0,
+    env: dict[str, str] | None = None,
+    hosts: str | None = None,
+    horovod_args: Sequence[str] = (),
+    echo: bool = True,
+    check: bool = True,
+) -> JobResult:
+    """Run ``horovodrun -np N -H localhost:N [horovod_args] argv`` with live output and a time limit.
+
+    ``hosts`` defaults to ``localhost:N``; several nodes look like ``"server1:4,server2:4"``.
+    With ``check`` (default) a non-zero exit raises :class:`WorkerError` with the output tail.
+    """
+    cmd = [_bin("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", *horovod_args, *argv]
+    proc = subprocess.Popen(
+        cmd,
+        env=_pythonpath_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    what = f"horovodrun -np {np}"
+    result = _supervise([proc], ["horovodrun"], timeout, echo, what)
+    if check and result.returncodes[0] != 0:
+        tail = "\n".join(result.output[-30:])
+        raise WorkerError(f"{what} exited with code {result.returncodes[0]}. Last output:\n{tail}")
+    return result
+
+
+def run_horovod(
+    fn: Callable[..., Any],
+    np: int,
+    *,
+    args: Sequence[Any] = (),
+    timeout: float = 300.0,
+    env: dict[str, str] | None = None,
+    echo: bool = True,
+) -> list[Any]:
+    """Run ``fn(*args)`` in ``np`` processes under ``horovodrun``; return each rank's value.
+
+    ``fn`` calls ``hvd.init()`` itself, exactly as a training script would.
+    """
+    with tempfile.TemporaryDirectory(prefix="multigpu-hvd-") as tmp:
+        outdir = Path(tmp)
+        job = outdir / "job.pkl"
+        _dump_job(job, fn, args, None)
+        result = horovodrun(
+            [sys.executable, "-m", "multigpu._worker", "horovod", str(job), str(outdir)],
+            np,
+            timeout=timeout,
+            env=env,
+            echo=echo,
+            check=False,
+        )
+        values = _read_values(outdir, np, [f"rank {r}" for r in range(np)], result, f"horovodrun -np {np}")
+        if result.returncodes[0] != 0:
+            raise WorkerError(f"horovodrun -np {np} exited with code {result.returncodes[0]}:\n{result.text[-2000:]}")
+        return values

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import subprocess
+
+from conftest import VENV_BIN
+from multigpu import cli
+
+
+def test_help_lists_the_commands(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for command in ("info", "data", "clean-notebooks"):
+        assert command in out
+
+
+def test_info_reports_mode_and_horovod():
+    out = subprocess.run([str(VENV_BIN / "multigpu"), "info"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "mode" in out.stdout and "Horovod 0.28.1" in out.stdout and "gloo" in out.stdout

@@ -1,0 +1,66 @@
+"""The environment: one list of pins (pyproject.toml) that environment.yml repeats exactly."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+
+import yaml
+
+from conftest import REPO, VENV_BIN
+
+
+def pins_pyproject() -> dict[str, str]:
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    return dict(d.split("==", 1) for d in deps)
+
+
+def pins_environment_yml() -> dict[str, str]:
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    return dict(p.split("==", 1) for p in pip if "==" in p)
+
+
+def test_every_dependency_is_pinned_exactly():
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    loose = [d for d in deps if not re.fullmatch(r"[A-Za-z0-9_.\-]+==[0-9][0-9A-Za-z.+]*", d)]
+    assert not loose, f"pin these exactly (name==version): {loose}"
+
+
+def test_environment_yml_has_the_same_pins_as_pyproject():
+    assert pins_environment_yml() == pins_pyproject()
+
+
+def test_required_pins():
+    pins = pins_pyproject()
+    assert pins["torch"] == "2.13.0"
+    assert pins["nbgrader"] == "0.9.6"
+    assert pins["jupyterlab"].startswith("4.6.")
+    assert pins["papermill"].startswith("2.7.")
+
+
+def test_installed_versions_match_the_pins():
+    from importlib.metadata import version
+
+    wrong = {}
+    for name, pin in pins_pyproject().items():
+        got = version(name).split("+")[0]
+        if got != pin:
+            wrong[name] = (pin, got)
+    assert not wrong, f"installed versions differ from the pins (pin, installed): {wrong}; run 'make setup'"
+    assert sys.version_info[:2] == (3, 11)
+
+
+def test_horovod_is_built_with_pytorch_and_gloo():
+    out = subprocess.run([str(VENV_BIN / "horovodrun"), "--check-build"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"\[X\] PyTorch", out.stdout), out.stdout
+    assert re.search(r"\[X\] Gloo", out.stdout), out.stdout
+
+
+def test_horovod_patch_is_the_cxx17_change():
+    patch = (REPO / "tools" / "horovod-0.28.1-cxx17.patch").read_text()
+    added = [line for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert added == ["+set(CMAKE_CXX_STANDARD 17)", "+    set(CMAKE_CXX_STANDARD 17)"]

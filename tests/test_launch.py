@@ -1,0 +1,139 @@
+"""multigpu.launch: every job ends, with the right values or a clear error."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from multigpu import launch
+
+
+def allreduce_sum(rank, world_size, scale):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t)
+    return t.tolist(), scale, torch.get_num_threads()
+
+
+def test_run_returns_each_rank_value_in_order():
+    values = launch.run(allreduce_sum, 3, args=(7,), timeout=120, echo=False)
+    assert [v[0] for v in values] == [[6.0] * 5] * 3
+    assert [v[1] for v in values] == [7, 7, 7]
+
+
+def test_run_uses_one_thread_per_worker_when_workers_outnumber_cores():
+    from multigpu import devices
+
+    n = devices.cpu_cores() + 1
+    values = launch.run(allreduce_sum, n, args=(0,), timeout=120, echo=False)
+    assert all(v[2] == 1 for v in values)
+
+
+def test_a_function_defined_at_run_time_travels_by_value():
+    offset = 10
+    values = launch.run(lambda rank, world: rank + offset, 2, backend=None, timeout=60, echo=False)
+    assert values == [10, 11]
+
+
+def crash_on_rank_one(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise ValueError("rank one is broken")
+    dist.all_reduce(torch.ones(1))  # would wait forever for rank 1
+
+
+def test_a_crash_stops_the_job_and_names_the_rank_and_the_cause():
+    start = time.monotonic()
+    with pytest.raises(launch.WorkerError) as err:
+        launch.run(crash_on_rank_one, 3, timeout=120, echo=False)
+    assert time.monotonic() - start < 60
+    assert "rank 1" in str(err.value) and "rank one is broken" in str(err.value)
+
+
+def spin(rank, world_size):
+    while True:
+        pass
+
+
+def test_a_hang_is_killed_at_the_time_limit():
+    start = time.monotonic()
+    with pytest.raises(launch.WorkerTimeout, match="time limit"):
+        launch.run(spin, 2, backend=None, timeout=4, echo=False)
+    assert time.monotonic() - start < 20
+
+
+def hard_exit(rank, world_size):
+    import os
+
+    os._exit(3)
+
+
+def test_a_worker_that_dies_without_a_traceback_is_reported():
+    with pytest.raises(launch.WorkerError, match="exit code 3"):
+        launch.run(hard_exit, 2, backend=None, timeout=60, echo=False)
+
+
+def test_output_is_prefixed_and_capped(capsys, monkeypatch):
+    monkeypatch.setattr(launch, "MAX_PRINTED_LINES", 5)
+
+    def chatty(rank, world_size):
+        for i in range(50):
+            print("line", i)
+        return rank
+
+    assert launch.run(chatty, 2, backend=None, timeout=60) == [0, 1]
+    out = capsys.readouterr().out
+    assert out.count("[rank ") == 5 and "not shown" in out
+
+
+SCRIPT = """
+import horovod.torch as hvd, torch
+hvd.init()
+total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum, name="total")
+print(f"RESULT rank={hvd.rank()} size={hvd.size()} total={total.item():.0f}")
+"""
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_horovodrun_job_all_reduces_across_workers(tmp_path, np):
+    script = tmp_path / "allreduce.py"
+    script.write_text(SCRIPT)
+    result = launch.horovodrun([sys.executable, str(script)], np, timeout=180, echo=False)
+    lines = [line for line in result.output if "RESULT" in line]
+    expected = np * (np + 1) // 2
+    assert len(lines) == np, result.text
+    assert all(f"size={np} total={expected}" in line for line in lines), lines
+
+
+def hvd_rank_and_mean():
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    return hvd.rank(), hvd.allreduce(torch.tensor([float(hvd.rank())]), name="mean").item()
+
+
+def test_run_horovod_returns_values_per_rank():
+    assert launch.run_horovod(hvd_rank_and_mean, 2, timeout=120, echo=False) == [(0, 0.5), (1, 0.5)]
+
+
+def hvd_crash():
+    import horovod.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise RuntimeError("learner bug on rank 1")
+    hvd.allreduce(__import__("torch").ones(1), name="never")
+
+
+def test_run_horovod_reports_a_crashing_rank():
+    start = time.monotonic()
+    with pytest.raises(launch.WorkerError, match="learner bug on rank 1"):
+        launch.run_horovod(hvd_crash, 2, timeout=120, echo=False)
+    assert time.monotonic() - start < 100
