@@ -27,10 +27,12 @@ def in_jupyter() -> bool:
     shell = get_ipython()
     if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
         return False
-    # papermill and nbclient execute headless: nobody sees a widget, so use text.
-    return not any(
-        os.environ.get(flag) for flag in ("PAPERMILL_EXECUTION", "NBGRADER_EXECUTION", "MULTIGPU_PLAIN_PROGRESS")
-    )
+    # papermill, nbclient and nbgrader execute headless: nobody sees a widget, so use text.
+    if any(os.environ.get(flag) for flag in ("PAPERMILL_EXECUTION", "NBGRADER_EXECUTION", "MULTIGPU_PLAIN_PROGRESS")):
+        return False
+    # A kernel that a Jupyter server started for an open notebook (JupyterLab) has JPY_SESSION_NAME;
+    # kernels started by papermill or nbclient do not, and their output ends up in logs.
+    return bool(os.environ.get("JPY_SESSION_NAME"))
 
 
 def progress(iterable: Iterable[T] | None = None, **kwargs) -> Iterable[T]:

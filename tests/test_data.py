@@ -1,0 +1,213 @@
+"""Tests of the procedural JPEG data set, the ImageFolder loader and the transforms."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from multigpu import data
+
+SMALL = dict(classes=3, train_per_class=4, val_per_class=2, image_size=32)
+
+
+def digest(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_generation_is_deterministic_by_seed(tmp_path):
+    a = data.generate_dataset(tmp_path / "a", seed=1, progress=False, **SMALL)
+    b = data.generate_dataset(tmp_path / "b", seed=1, progress=False, **SMALL)
+    c = data.generate_dataset(tmp_path / "c", seed=2, progress=False, **SMALL)
+    da, db, dc = digest(a), digest(b), digest(c)
+    assert da == db, "same seed and parameters must give byte-identical files"
+    images = [k for k in da if k.endswith(".jpg")]
+    assert len(images) == 3 * (4 + 2)
+    assert all(da[k] != dc[k] for k in images), "another seed must give other images"
+
+
+def test_layout_meta_and_jpeg_validity(tmp_path):
+    root = data.generate_dataset(tmp_path / "d", seed=0, progress=False, **SMALL)
+    names = data.class_names(3)
+    for split, n in (("train", 4), ("val", 2)):
+        assert sorted(p.name for p in (root / split).iterdir()) == names
+        for name in names:
+            files = sorted((root / split / name).glob("*.jpg"))
+            assert len(files) == n
+            for f in files:
+                assert f.read_bytes()[:2] == b"\xff\xd8", "not a JPEG file"
+                with Image.open(f) as im:
+                    assert im.format == "JPEG" and im.mode == "RGB" and im.size == (32, 32)
+    meta = json.loads((root / "meta.json").read_text())
+    assert meta["format_version"] == data.FORMAT_VERSION
+    assert meta["params"] == {**SMALL, "seed": 0}
+    assert meta["class_names"] == names
+
+
+def test_split_only_generation_matches_full_generation(tmp_path):
+    full = data.generate_dataset(tmp_path / "full", seed=5, progress=False, **SMALL)
+    val_only = data.generate_dataset(
+        tmp_path / "val", seed=5, classes=3, train_per_class=0, val_per_class=2, image_size=32, progress=False
+    )
+    assert not (val_only / "train").exists()
+    dv, df = digest(val_only), digest(full)
+    vals = [k for k in dv if k.endswith(".jpg")]
+    assert len(vals) == 6 and all(dv[k] == df[k] for k in vals)
+    # Train and val images are drawn from different streams: no leak between splits.
+    assert set(df[k] for k in df if k.startswith("train")).isdisjoint(dv[k] for k in vals)
+
+
+def test_ensure_dataset_caches_and_regenerates(tmp_path, monkeypatch):
+    monkeypatch.setenv("MULTIGPU_DATA", str(tmp_path / "cache"))
+    root = data.ensure_dataset(progress=False, **SMALL)
+    assert root == data.default_data_dir(**SMALL)
+    assert root.parent == tmp_path / "cache"
+    stamp = (root / "meta.json").stat().st_mtime_ns
+    assert data.ensure_dataset(progress=False, **SMALL) == root
+    assert (root / "meta.json").stat().st_mtime_ns == stamp, "a complete cached set must not be regenerated"
+    # A damaged cache (missing image) is regenerated in place.
+    next((root / "train").rglob("*.jpg")).unlink()
+    data.ensure_dataset(root, progress=False, **SMALL)
+    assert len(list((root / "train").rglob("*.jpg"))) == 12
+    # Other parameters -> another directory.
+    assert data.default_data_dir(**{**SMALL, "seed": 9}) != root
+
+
+def test_ensure_dataset_refuses_foreign_directory(tmp_path):
+    own = tmp_path / "mine" / "cat"
+    own.mkdir(parents=True)
+    (own / "x.jpg").write_bytes(b"not ours")
+    with pytest.raises(FileExistsError):
+        data.ensure_dataset(tmp_path / "mine", progress=False, **SMALL)
+    assert (own / "x.jpg").read_bytes() == b"not ours"
+
+
+def _ensure(root: str) -> str:
+    return str(data.ensure_dataset(root, progress=False, **SMALL))
+
+
+def test_ensure_dataset_is_safe_across_processes(tmp_path):
+    root = str(tmp_path / "shared")
+    with mp.get_context("fork").Pool(3) as pool:
+        out = pool.map(_ensure, [root] * 3)
+    assert out == [root] * 3
+    assert len(list(Path(root).rglob("*.jpg"))) == 18
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name], "temporary folders left behind"
+
+
+def make_folder(root: Path) -> Path:
+    """A tiny ImageFolder of non-square JPEGs and one PNG, as a learner's own data might be."""
+    rng = np.random.default_rng(0)
+    for cls, n in (("dog", 3), ("cat", 2)):
+        (root / cls).mkdir(parents=True)
+        for i in range(n):
+            arr = rng.integers(0, 256, size=(40, 50, 3), dtype=np.uint8)
+            Image.fromarray(arr).save(root / cls / f"{i}.jpg", quality=90)
+    Image.fromarray(np.zeros((30, 30), np.uint8)).save(root / "cat" / "gray.png")  # grayscale -> RGB
+    (root / "cat" / "notes.txt").write_text("ignored")
+    return root
+
+
+def test_jpegfolder_on_any_imagefolder(tmp_path):
+    ds = data.JPEGFolder(make_folder(tmp_path / "imgs"))
+    assert ds.classes == ["cat", "dog"] and ds.class_to_idx == {"cat": 0, "dog": 1}
+    assert len(ds) == 6 and [s[1] for s in ds.samples] == [0, 0, 0, 1, 1, 1]
+    raw = ds.read(3)
+    assert isinstance(raw, bytes) and raw[:2] == b"\xff\xd8"
+    img = ds.decode(raw)
+    assert img.mode == "RGB" and img.size == (50, 40)
+    pil, label = ds[2]
+    assert pil.mode == "RGB" and label == 0
+    ds.transform = data.val_transform(32)
+    x, label = ds[4]
+    assert x.shape == (3, 32, 32) and x.dtype == torch.float32 and label == 1
+    with pytest.raises(FileNotFoundError):
+        data.JPEGFolder(tmp_path / "missing")
+
+
+def test_val_transform_normalises_exactly():
+    img = Image.new("RGB", (64, 48), (255, 0, 128))
+    x = data.val_transform(32)(img)
+    assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+    expected = [(v / 255 - m) / s for v, m, s in zip((255, 0, 128), data.MEAN, data.STD)]
+    assert torch.allclose(x.mean(dim=(1, 2)), torch.tensor(expected), atol=1e-5)
+
+
+def test_resize_and_centre_crop_keep_the_middle():
+    arr = np.zeros((40, 80, 3), np.uint8)
+    arr[:, 30:50] = 255  # a white band in the middle
+    out = data.Compose([data.Resize(20), data.CenterCrop(20)])(Image.fromarray(arr))
+    assert out.size == (20, 20)
+    a = np.asarray(out)
+    assert a[:, 8:12].mean() > 200 and a[:, :3].mean() < 30
+
+
+def test_flip_and_crop_correctness():
+    x = torch.arange(2 * 4 * 4, dtype=torch.float32).view(2, 4, 4)
+    assert torch.equal(data.RandomHorizontalFlip(p=1.0)(x), x.flip(-1))
+    assert torch.equal(data.RandomHorizontalFlip(p=0.0)(x), x)
+    torch.manual_seed(0)
+    crops = [data.RandomCrop(4, padding=2)(x) for _ in range(30)]
+    assert all(c.shape == (2, 4, 4) for c in crops)
+    assert any(not torch.equal(c, x) for c in crops), "padding crop never moved the window"
+    # Every crop is a window of the zero-padded image.
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    for c in crops:
+        assert any(torch.equal(c, padded[:, t : t + 4, l : l + 4]) for t in range(5) for l in range(5))
+
+
+def test_train_transform_is_random_and_shaped():
+    img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    t = data.train_transform(64)
+    torch.manual_seed(0)
+    outs = [t(img) for _ in range(6)]
+    assert all(o.shape == (3, 64, 64) and o.dtype == torch.float32 for o in outs)
+    assert len({o.sum().item() for o in outs}) > 1, "augmentation should differ between calls"
+
+
+def test_synthetic_images_and_collate():
+    ds = data.SyntheticImages(10, image_size=16, classes=3, pool=4)
+    assert len(ds) == 10
+    x, y = ds[5]
+    assert x.shape == (3, 16, 16) and y == 2
+    assert torch.equal(data.SyntheticImages(10, 16, 3, pool=4)[5][0], x), "same seed, same images"
+    assert torch.equal(ds[1][0], x), "index 5 reuses pool image 1 (5 % 4)"
+    xb, yb = data.collate([ds[i] for i in range(4)])
+    assert xb.shape == (4, 3, 16, 16) and yb.tolist() == [0, 1, 2, 0]
+    with pytest.raises(IndexError):
+        ds[10]
+
+
+def test_make_loader_is_deterministic_and_checks_sampler():
+    ds = data.SyntheticImages(20, image_size=8, classes=20, pool=1)
+    order = lambda seed: torch.cat([y for _, y in data.make_loader(ds, 6, shuffle=True, seed=seed)]).tolist()
+    assert order(3) == order(3) and sorted(order(3)) == list(range(20))
+    assert order(3) != order(4)
+    assert len(data.make_loader(ds, 6, drop_last=True)) == 3
+    with pytest.raises(ValueError):
+        data.make_loader(ds, 6, shuffle=True, sampler=torch.utils.data.SequentialSampler(ds))
+
+
+def test_make_loader_with_workers(tmp_path):
+    root = data.generate_dataset(tmp_path / "w", seed=0, progress=False, **SMALL)
+    ds = data.JPEGFolder(root / "train", data.train_transform(32))
+    batches = list(data.make_loader(ds, 5, num_workers=2, shuffle=True))
+    assert sum(len(y) for _, y in batches) == 12
+    assert batches[0][0].shape == (5, 3, 32, 32)
+
+
+def test_dataset_params_rejects_unknown():
+    with pytest.raises(TypeError):
+        data.dataset_params(colours=3)
+    with pytest.raises(ValueError):
+        data.class_names(11)
