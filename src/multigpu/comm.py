@@ -1,0 +1,325 @@
+"""A scaling model: step time = compute + communication, for N devices and two algorithms.
+
+Data parallelism with a fixed per-device batch (weak scaling): every step each device computes
+the gradient of its batch, then the gradients are averaged across devices.
+
+- compute: ``batch * flops_per_sample / device_flops`` seconds;
+- communication of a gradient of ``B`` bytes over links with latency ``a`` (seconds per
+  message) and bandwidth ``b`` (bytes/s):
+
+  * ring all-reduce: ``2 (N-1)`` steps, each moving a chunk of ``B/N`` bytes:
+    ``2 (N-1) a + 2 (N-1)/N * B / b``. The bandwidth term stays below ``2 B / b`` whatever N;
+    the latency term grows with N.
+  * parameter server: the central node receives ``(N-1) B`` and sends ``(N-1) B`` over its
+    one link: ``2 a + 2 (N-1) B / b``. It grows with N.
+
+- efficiency: ``step time with 1 device / step time with N devices`` (throughput of N devices
+  over N times one device's). ``overlap`` hides up to that fraction of the backward pass
+  (2/3 of compute) behind communication, as Horovod and DDP do.
+
+Link and model presets are round figures for orders of magnitude, not benchmarks: the lesson is
+in the shapes of the curves. With the defaults the model reproduces the published pattern from
+8 to 256 GPUs: ResNet-152 keeps about 95% -> 90% efficiency while AlexNet falls from the 70s to
+about 50%: both have ~60M parameters, but ResNet-152 does 16x more arithmetic per image to
+hide the same communication.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link between devices: ``latency_s`` per message, ``bandwidth`` in bytes/s (one direction)."""
+
+    name: str
+    latency_s: float
+    bandwidth: float
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.latency_s * 1e6:.0f} us, {self.bandwidth / 1e9:.2f} GB/s)"
+
+
+#: Round figures: usable bandwidth per direction and a per-message latency that includes the
+#: software stack (TCP for Ethernet without RDMA).
+LINKS: dict[str, Link] = {
+    "PCIe": Link("PCIe 3.0 x16", 10e-6, 12e9),
+    "NVLink": Link("NVLink", 5e-6, 50e9),
+    "25GbE": Link("25 Gb/s Ethernet", 100e-6, 25e9 / 8),
+    "100GbE": Link("100 Gb/s Ethernet", 100e-6, 100e9 / 8),
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the scaling model needs to know about a network.
+
+    ``flops_per_sample``: FLOPs of one training step for one sample (forward + backward, about
+    3x the forward). ``batch``: the usual per-device batch.
+    """
+
+    name: str
+    params: float
+    flops_per_sample: float
+    batch: int
+    bytes_per_param: int = 4
+
+    @property
+    def gradient_bytes(self) -> float:
+        return self.params * self.bytes_per_param
+
+    @property
+    def flops_per_step(self) -> float:
+        return self.flops_per_sample * self.batch
+
+    @property
+    def flops_per_param(self) -> float:
+        """Arithmetic per gradient element per sample: low means communication-bound."""
+        return self.flops_per_sample / self.params
+
+
+#: Forward multiply-adds x 2 (FLOPs) x 3 (forward + backward) per sample.
+MODELS: dict[str, ModelSpec] = {
+    # 61.1M parameters (96% in the FC layers), 0.71 G multiply-adds forward at 224x224.
+    "AlexNet": ModelSpec("AlexNet", 61.1e6, 3 * 2 * 0.714e9, batch=128),
+    # 25.6M parameters, 4.1 G multiply-adds forward.
+    "ResNet-50": ModelSpec("ResNet-50", 25.6e6, 3 * 2 * 4.1e9, batch=64),
+    # 60.2M parameters, 11.5 G multiply-adds forward: as many parameters as AlexNet, 16x the work.
+    "ResNet-152": ModelSpec("ResNet-152", 60.2e6, 3 * 2 * 11.5e9, batch=64),
+    # 5 GRU layers, 3000 wide: 5 x 3 gates x (3000x3000 input + 3000x3000 recurrent weights)
+    # = 270M parameters, about 1.1 GB of float32; about 1 TFLOP per step at 32 sequences.
+    "GRU-5x3000": ModelSpec("GRU 5x3000", 5 * 3 * (2 * 3000 * 3000 + 2 * 3000), 1e12 / 32, batch=32),
+}
+
+#: FLOP/s a GPU of the published experiments' era sustains on these models (fp32, not peak).
+GPU_FLOPS = 6e12
+
+ALGORITHMS = ("ring", "ps")
+
+#: Published weak-scaling efficiencies (8 -> 256 GPUs) that the model should reproduce in shape.
+PUBLISHED = {"ResNet-152": {8: 0.95, 256: 0.90}, "AlexNet": {8: 0.78, 256: 0.53}}
+
+
+def _link(link: Link | str) -> Link:
+    if isinstance(link, Link):
+        return link
+    try:
+        return LINKS[link]
+    except KeyError:
+        raise ValueError(f"unknown link {link!r}; presets: {sorted(LINKS)}") from None
+
+
+def _model(model: ModelSpec | str) -> ModelSpec:
+    if isinstance(model, ModelSpec):
+        return model
+    try:
+        return MODELS[model]
+    except KeyError:
+        raise ValueError(f"unknown model {model!r}; presets: {sorted(MODELS)}") from None
+
+
+def ring_bytes_per_worker(nbytes: float, n: int) -> float:
+    """Bytes each worker sends in a ring all-reduce: ``2 (n-1)/n * nbytes``."""
+    return 2.0 * (n - 1) / n * nbytes
+
+
+def ps_central_bytes(nbytes: float, n: int) -> float:
+    """Bytes through the parameter server per step (received + sent): ``2 (n-1) * nbytes``."""
+    return 2.0 * (n - 1) * nbytes
+
+
+def ring_allreduce_time(nbytes: float, n: int, link: Link | str) -> float:
+    """Seconds for a ring all-reduce of ``nbytes`` over ``n`` workers:
+    ``2 (n-1) latency + 2 (n-1)/n * nbytes / bandwidth`` (0 for one worker)."""
+    lk = _link(link)
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * lk.latency_s + ring_bytes_per_worker(nbytes, n) / lk.bandwidth
+
+
+def ps_time(nbytes: float, n: int, link: Link | str) -> float:
+    """Seconds for a parameter-server exchange: gather ``(n-1)`` gradients into the central
+    node, send ``(n-1)`` averages back, all over its one link: ``2 latency + 2 (n-1) nbytes /
+    bandwidth`` (0 for one worker)."""
+    lk = _link(link)
+    if n <= 1:
+        return 0.0
+    return 2 * lk.latency_s + ps_central_bytes(nbytes, n) / lk.bandwidth
+
+
+def comm_time(nbytes: float, n: int, link: Link | str, algorithm: str = "ring") -> float:
+    """Communication seconds per step for ``algorithm`` ``"ring"`` or ``"ps"``."""
+    if algorithm == "ring":
+        return ring_allreduce_time(nbytes, n, link)
+    if algorithm == "ps":
+        return ps_time(nbytes, n, link)
+    raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One point of the scaling model."""
+
+    workers: int
+    compute_s: float
+    comm_s: float
+    hidden_s: float
+    step_s: float
+    samples_per_s: float
+    efficiency: float
+
+
+def predict(
+    model: ModelSpec | str,
+    n: int,
+    *,
+    link: Link | str = "100GbE",
+    algorithm: str = "ring",
+    batch: int | None = None,
+    device_flops: float = GPU_FLOPS,
+    overlap: float = 0.0,
+    compute_s: float | None = None,
+    gradient_bytes: float | None = None,
+    devices: int | None = None,
+) -> Prediction:
+    """Step time, throughput and efficiency of ``n`` data-parallel workers.
+
+    ``compute_s`` / ``gradient_bytes`` override the model preset (e.g. with figures measured on
+    this machine). ``devices``: how many workers can really compute at once (CPU cores here);
+    more workers than that share them, so each one's compute takes ``n / devices`` longer.
+    Efficiency is against ``min(n, devices) x`` one worker's throughput.
+    """
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError("overlap must be between 0 and 1")
+    spec = _model(model)
+    batch = batch or spec.batch
+    nbytes = spec.gradient_bytes if gradient_bytes is None else gradient_bytes
+    base = batch * spec.flops_per_sample / device_flops if compute_s is None else compute_s
+
+    def step(k: int) -> tuple[float, float, float, float]:
+        c = base * (max(1.0, k / devices) if devices else 1.0)
+        m = comm_time(nbytes, k, link, algorithm)
+        hidden = min(m, overlap * c * 2.0 / 3.0)
+        return c, m, hidden, c + m - hidden
+
+    c, m, hidden, t = step(n)
+    _, _, _, t1 = step(1)
+    ideal = min(n, devices) if devices else n
+    rate = n * batch / t
+    return Prediction(n, c, m, hidden, t, rate, rate / (ideal * batch / t1))
+
+
+def efficiency_curve(model: ModelSpec | str, ns: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256), **kwargs: Any) -> list[float]:
+    """Predicted efficiency for each worker count in ``ns`` (keywords as :func:`predict`)."""
+    return [predict(model, n, **kwargs).efficiency for n in ns]
+
+
+def fit_link(rows: Sequence[dict[str, Any]], name: str = "this machine") -> Link:
+    """Fit a :class:`Link` to measured ring all-reduce times (rows with ``workers``, ``nbytes``,
+    ``ring_s``, as from :func:`multigpu.ring.compare_with_gloo`): least squares of
+    ``t = 2 (N-1) a + 2 (N-1)/N B / b`` over ``a`` and ``1/b``, both kept positive."""
+    xs = [(2.0 * (r["workers"] - 1), ring_bytes_per_worker(r["nbytes"], r["workers"])) for r in rows]
+    ts = [float(r["ring_s"]) for r in rows]
+    s11 = sum(a * a for a, _ in xs)
+    s12 = sum(a * b for a, b in xs)
+    s22 = sum(b * b for _, b in xs)
+    y1 = sum(a * t for (a, _), t in zip(xs, ts))
+    y2 = sum(b * t for (_, b), t in zip(xs, ts))
+    det = s11 * s22 - s12 * s12
+    if det > 0:
+        lat = (y1 * s22 - y2 * s12) / det
+        inv_bw = (s11 * y2 - s12 * y1) / det
+    else:
+        lat, inv_bw = 0.0, y2 / s22 if s22 else 1e-9
+    if lat <= 0 or inv_bw <= 0:  # fall back to bandwidth only, then latency only
+        lat = 1e-7
+        inv_bw = max(sum((t - a * lat) * b for (a, b), t in zip(xs, ts)) / s22, 1e-15) if s22 else 1e-9
+    return Link(name, lat, 1.0 / inv_bw)
+
+
+def plot_efficiency(
+    models: Sequence[ModelSpec | str] = ("AlexNet", "ResNet-152"),
+    ns: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
+    *,
+    ax: Any = None,
+    published: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """Efficiency vs number of workers (log x) for each model; published points as markers."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    for i, m in enumerate(models):
+        spec = _model(m)
+        line = ax.plot(ns, efficiency_curve(spec, ns, **kwargs), marker=".", label=f"{spec.name} (model)")[0]
+        key = next((k for k, v in MODELS.items() if v is spec or v.name == spec.name), spec.name)
+        if published and key in PUBLISHED:
+            pts = PUBLISHED[key]
+            ax.plot(list(pts), list(pts.values()), "x", ms=10, mew=2, color=line.get_color(),
+                    label=f"{spec.name} (published)")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("workers (GPUs)")
+    ax.set_ylabel("scaling efficiency")
+    lk = _link(kwargs.get("link", "100GbE"))
+    ax.set_title(f"{kwargs.get('algorithm', 'ring')} over {lk.name}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def scaling_widget(max_workers: int = 256) -> Any:
+    """Sliders and menus to explore the model: model, link, algorithm, per-device batch,
+    overlap, N up to ``max_workers``. Returns the widget (display it as a cell's last line)."""
+    import ipywidgets as W
+    import matplotlib.pyplot as plt
+
+    exps = list(range(0, int(math.log2(max_workers)) + 1))
+    model_w = W.Dropdown(options=list(MODELS), value="AlexNet", description="model")
+    link_w = W.Dropdown(options=list(LINKS), value="100GbE", description="link")
+    algo_w = W.ToggleButtons(options=[("ring all-reduce", "ring"), ("parameter server", "ps")], value="ring")
+    batch_w = W.IntSlider(value=MODELS["AlexNet"].batch, min=1, max=512, description="batch/dev")
+    overlap_w = W.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.1, description="overlap")
+    nmax_w = W.SelectionSlider(options=[2**e for e in exps], value=max_workers, description="max N")
+    out = W.Output()
+
+    def on_model(change: dict) -> None:
+        batch_w.value = MODELS[change["new"]].batch
+
+    def redraw(*_: Any) -> None:
+        ns = [2**e for e in exps if 2**e <= nmax_w.value]
+        kw = dict(link=link_w.value, algorithm=algo_w.value, batch=batch_w.value, overlap=overlap_w.value)
+        p = predict(model_w.value, ns[-1], **kw)
+        with out:
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(7, 3.5))
+            ax.plot(ns, efficiency_curve(model_w.value, ns, **kw), marker="o")
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(0, 1.05)
+            ax.set_xlabel("workers")
+            ax.set_ylabel("efficiency")
+            ax.grid(True, alpha=0.3)
+            ax.set_title(
+                f"{model_w.value}, {algo_w.value}, {LINKS[link_w.value].name}: at N={ns[-1]} compute "
+                f"{p.compute_s * 1e3:.0f} ms, comm {p.comm_s * 1e3:.0f} ms",
+                fontsize=9,
+            )
+            plt.show()
+
+    model_w.observe(on_model, names="value")
+    for w in (model_w, link_w, algo_w, batch_w, overlap_w, nmax_w):
+        w.observe(redraw, names="value")
+    redraw()
+    return W.VBox([W.HBox([model_w, link_w]), algo_w, W.HBox([batch_w, overlap_w]), nmax_w, out])
+
+
+def with_latency(link: Link | str, latency_s: float) -> Link:
+    """A copy of ``link`` with another latency (for what-if questions)."""
+    return replace(_link(link), latency_s=latency_s)
