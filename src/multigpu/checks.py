@@ -1,0 +1,157 @@
+"""Facts a correct data-parallel run must show, checked on the records of a ``--record`` run.
+
+Each rank of :mod:`multigpu.scripts.train_horovod` (or a learner's version of it) run with
+``--record`` writes ``rank<R>.json``; :func:`multigpu.hvdtools.read_records` loads them. The
+checks here compare the ranks and raise ``AssertionError`` with a message that says what is
+wrong and which step of the conversion to look at. They check facts, not code: any correct
+script passes them, whatever it looks like.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+Records = Sequence[dict[str, Any]]
+
+
+def _close(a: float, b: float, rel: float = 1e-6, abs_: float = 1e-6) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+
+
+def check_world(records: Records, size: int) -> None:
+    """One record per rank, ranks 0..size-1, each seeing ``size`` workers (step 1)."""
+    assert len(records) == size, f"expected {size} records, got {len(records)}"
+    ranks = [r["rank"] for r in records]
+    assert ranks == list(range(size)), f"ranks should be 0..{size - 1}, got {ranks}: does init_horovod return hvd.rank()?"
+    sizes = {r["size"] for r in records}
+    assert sizes == {size}, f"every rank should see size {size}, got {sizes}: does init_horovod return hvd.size()?"
+
+
+def check_threads(records: Records, cores: int) -> None:
+    """CPU mode: the workers of a node share its cores, at least one thread each (step 2)."""
+    for r in records:
+        if r["device"].startswith("cuda"):
+            continue
+        fair = max(1, cores // max(1, r["local_size"]))
+        assert r["threads"] <= fair, (
+            f"rank {r['rank']} ran {r['threads']} torch threads; {r['local_size']} workers on {cores} cores "
+            f"should use at most {fair} each: set torch.set_num_threads(devices.threads_per_worker(local_size))"
+        )
+
+
+def check_same_start(records: Records) -> None:
+    """All ranks start training from the same weights (step 6: broadcast from rank 0)."""
+    start = [r["start_checksum"] for r in records]
+    assert all(_close(s, start[0]) for s in start), (
+        f"the ranks started from different weights (checksums {start}): broadcast the parameters and "
+        "optimizer state from rank 0 (hvd.broadcast_parameters, hvd.broadcast_optimizer_state)"
+    )
+
+
+def check_same_weights(records: Records) -> None:
+    """After training every rank holds the same weights (steps 5 and 6)."""
+    check_same_start(records)
+    final = [r["final_checksum"] for r in records]
+    assert all(_close(f, final[0]) for f in final), (
+        f"after training the ranks hold different weights (checksums {final}): each trained alone. "
+        "Wrap the optimizer in hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())"
+    )
+
+
+def check_disjoint_shards(records: Records) -> None:
+    """In every epoch the ranks train on disjoint shards that together cover the data set (step 3)."""
+    epochs = {len(r["shards"]) for r in records}
+    assert epochs and min(epochs) > 0, "no shard was recorded: make_train_loader must return (loader, sampler)"
+    n = records[0]["train_size"]
+    size = len(records)
+    for e in range(min(epochs)):
+        shards = [set(r["shards"][e]) for r in records]
+        for i in range(size):
+            for j in range(i + 1, size):
+                common = shards[i] & shards[j]
+                assert not common, (
+                    f"epoch {e + 1}: ranks {i} and {j} both trained on {len(common)} of the same images: "
+                    "give each rank its own shard with a DistributedSampler(num_replicas=hvd.size(), rank=hvd.rank())"
+                )
+        covered = set().union(*shards)
+        assert len(covered) >= n - size, (
+            f"epoch {e + 1}: the shards cover {len(covered)} of {n} images: the sampler should split the whole data set"
+        )
+        biggest = max(len(s) for s in shards)
+        assert biggest <= math.ceil(n / size), (
+            f"epoch {e + 1}: a rank trained on {biggest} images, more than its 1/{size} share of {n}"
+        )
+    if min(epochs) >= 2:
+        assert records[0]["shards"][0] != records[0]["shards"][1], (
+            "rank 0 saw its shard in the same order in epochs 1 and 2: call sampler.set_epoch(epoch) each epoch"
+        )
+
+
+def check_lr_after_warmup(records: Records, base_lr: float | None = None) -> None:
+    """After warm-up the learning rate is ``base_lr x size`` on every rank (step 4)."""
+    size = len(records)
+    for r in records:
+        base = base_lr if base_lr is not None else r["args"]["base_lr"]
+        lr = r["lr_after_warmup"]
+        assert _close(lr, base * size, rel=1e-6), (
+            f"rank {r['rank']}: learning rate after warm-up is {lr:.6g}, expected base x size = "
+            f"{base:g} x {size} = {base * size:.6g}: scale it by hvd.size()"
+        )
+        warmup = r["args"].get("warmup_epochs", 0) or 0
+        if warmup > 0 and r["history"]["lr"]:
+            first = r["history"]["lr"][0]
+            if r["args"]["epochs"] >= 1 and warmup >= 1 and size > 1:
+                assert first < base * size - 1e-12, (
+                    f"rank {r['rank']}: the learning rate is already {first:.6g} at the end of epoch 1 of a "
+                    f"{warmup:g}-epoch warm-up: grow it linearly from base_lr during the warm-up"
+                )
+        epochs = r["args"]["epochs"]
+        if epochs > warmup and r["history"]["lr"]:
+            last = r["history"]["lr"][-1]
+            assert _close(last, base * size, rel=1e-6), (
+                f"rank {r['rank']}: the optimizer trained with lr {last:.6g} after the warm-up, expected "
+                f"{base * size:.6g}"
+            )
+
+
+def check_metrics_averaged(records: Records, names: Sequence[str] = ("train_loss", "val_acc")) -> None:
+    """Each reported metric is the mean of the ranks' own values, identical on all ranks (step 7)."""
+    size = len(records)
+    for name in names:
+        if name not in records[0]["local_metrics"]:
+            continue
+        locals_ = [r["local_metrics"][name] for r in records]
+        for e in range(len(locals_[0])):
+            mean = sum(v[e] for v in locals_) / size
+            for r in records:
+                got = r["history"][name][e]
+                assert got is not None and _close(got, mean, rel=1e-5, abs_=1e-7), (
+                    f"rank {r['rank']} reported {name} = {got} in epoch {e + 1}, but the mean over the "
+                    f"{size} ranks is {mean}: average with hvd.allreduce(torch.tensor(value), name=name)"
+                )
+    spread = [r["local_metrics"].get("train_loss", [None])[0] for r in records]
+    if size > 1 and None not in spread:
+        assert len(set(spread)) > 1, "all ranks had the same local loss: did each rank train on its own shard?"
+
+
+def check_rank0_checkpoint(records: Records, out: str | Path) -> None:
+    """Only rank 0 writes the checkpoint, and it is there (step 8)."""
+    writers = [r["rank"] for r in records if r["saved_checkpoint"]]
+    assert writers == [0], f"ranks {writers} wrote the checkpoint: only rank 0 should (if hvd.rank() == 0)"
+    assert (Path(out) / "checkpoint.pt").exists(), f"no checkpoint at {Path(out) / 'checkpoint.pt'}"
+
+
+def check_all(records: Records, out: str | Path, size: int, cores: int | None = None) -> None:
+    """Every check above, in the order of the conversion steps."""
+    from multigpu import devices
+
+    check_world(records, size)
+    check_threads(records, cores or devices.cpu_cores())
+    check_disjoint_shards(records)
+    check_lr_after_warmup(records)
+    check_same_weights(records)
+    check_metrics_averaged(records)
+    check_rank0_checkpoint(records, out)

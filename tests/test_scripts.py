@@ -1,0 +1,78 @@
+"""The reference Horovod and DDP scripts, run for real with 2 workers on a tiny data set.
+
+Each run is bounded by a timeout; together they take about a minute on 2 idle cores (3 minutes
+on a busy one), hence `slow`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from multigpu import checks, hvdtools, launch
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+TINY = ["--train-per-class", "8", "--val-per-class", "2", "--batch-size", "8", "--epochs", "2",
+        "--warmup-epochs", "1", "--max-steps", "2", "--quiet"]
+TIMEOUT = 240
+
+
+def test_reference_script_on_two_workers_shows_every_fact(tmp_path):
+    records = hvdtools.run_script(2, TINY, out=tmp_path, timeout=TIMEOUT, echo=False)
+    checks.check_all(records, tmp_path, 2)
+    assert records[0]["lr_after_warmup"] == pytest.approx(2 * records[0]["args"]["base_lr"])
+    assert records[0]["history"]["steps"] == 4  # 2 epochs x --max-steps 2
+
+
+def test_pieces_left_out_break_what_they_should(tmp_path):
+    """One Horovod job (like Lab 3, part 2): without the optimizer the ranks drift apart, without
+    the broadcast they start apart, without the sampler they share data and take 2x the steps."""
+
+    def job(configs):
+        from multigpu.scripts import train_horovod
+
+        return {name: train_horovod.main(argv)["steps"] for name, argv in configs.items()}
+
+    configs = {name: TINY + ["--record", "--out", str(tmp_path / name)] + (["--without", name] if name != "all" else [])
+               for name in ("all", "optimizer", "broadcast", "sampler")}
+    steps = launch.run_horovod(job, 2, args=(configs,), timeout=TIMEOUT, echo=False)[0]
+    recs = {name: hvdtools.read_records(tmp_path / name, 2) for name in configs}
+    checks.check_same_weights(recs["all"])
+    with pytest.raises(AssertionError, match="DistributedOptimizer"):
+        checks.check_same_weights(recs["optimizer"])
+    with pytest.raises(AssertionError, match="broadcast"):
+        checks.check_same_start(recs["broadcast"])
+    checks.check_same_weights(recs["sampler"])  # still one model ...
+    assert recs["sampler"][0]["shards"] == []  # ... but no shard: every rank reads everything
+    assert recs["sampler"][0]["local_metrics"]["train_loss"]
+
+
+def test_a_missing_step_fails_fast_with_its_own_error(tmp_path):
+    def average_metric(value, name):
+        raise NotImplementedError()
+
+    script = hvdtools.compose_script(tmp_path / "train.py", [average_metric])
+    start = time.monotonic()
+    with pytest.raises(launch.WorkerError, match="failed with: NotImplementedError") as err:
+        hvdtools.run_script(2, TINY, out=tmp_path / "out", script=script, timeout=TIMEOUT, echo=False)
+    assert time.monotonic() - start < TIMEOUT
+    assert "average_metric" in str(err.value)
+
+
+def test_ddp_twin_on_two_workers(tmp_path):
+    records = hvdtools.run_script(2, TINY, out=tmp_path, module=hvdtools.DDP_MODULE, launcher="torchrun",
+                                  timeout=TIMEOUT, echo=False)
+    checks.check_world(records, 2)
+    checks.check_same_weights(records)
+    checks.check_metrics_averaged(records)
+    assert records[0]["history"]["lr"][-1] == pytest.approx(2 * records[0]["args"]["base_lr"])
+    assert (tmp_path / "checkpoint.pt").exists()
+
+
+def test_one_plain_process_needs_no_horovodrun(tmp_path):
+    records = hvdtools.run_script(1, TINY + ["--synthetic", "64"], out=tmp_path, launcher="python",
+                                  timeout=TIMEOUT, echo=False)
+    assert records[0]["size"] == 1 and records[0]["lr_after_warmup"] == pytest.approx(records[0]["args"]["base_lr"])
+    assert records[0]["history"]["val_acc"] == [None, None]  # synthetic: no validation set

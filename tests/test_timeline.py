@@ -1,0 +1,74 @@
+"""multigpu.timeline: parsing a Horovod timeline (as rank 0 writes it) and drawing it."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from multigpu import timeline  # noqa: E402
+
+
+def _events() -> list[dict]:
+    """Two tensors of one step, in Horovod's format: metadata, begin/end pairs, ready marks."""
+    ev = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": 1}}]
+    for pid, name, t0 in ((1, "allreduce.fc.weight", 1_000_000), (2, "allreduce.conv.weight", 1_200_000)):
+        ev += [
+            {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}},
+            {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": t0, "pid": pid},
+            {"ph": "X", "name": "0", "ts": t0, "pid": pid, "dur": 0},
+            {"ph": "X", "name": "1", "ts": t0 + 50_000, "pid": pid, "dur": 0},
+            {"ph": "E", "ts": t0 + 50_000, "pid": pid},
+            {"ph": "B", "name": "ALLREDUCE", "ts": t0 + 50_100, "pid": pid},
+            {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": t0 + 50_200, "pid": pid},
+            {"ph": "E", "ts": t0 + 60_200, "pid": pid},
+            {"ph": "E", "ts": t0 + 60_300, "pid": pid, "args": {"dtype": "float32", "shape": "[10]"}},
+        ]
+    return ev
+
+
+def test_load_tolerates_an_unterminated_file(tmp_path):
+    path = tmp_path / "t.json"
+    text = "[\n" + ",\n".join(json.dumps(e) for e in _events()) + ","  # as Horovod leaves it
+    path.write_text(text)
+    assert timeline.load(path) == _events()
+    path.write_text(text + '{"ph": "B", "na')  # killed mid-event
+    assert timeline.load(path) == _events()
+
+
+def test_spans_pair_phases_per_tensor_with_nesting():
+    spans = timeline.spans(_events())
+    fc = [s for s in spans if s.tensor == "allreduce.fc.weight"]
+    assert [s.phase for s in fc] == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE", "GLOO_ALLREDUCE"]
+    neg, allreduce, gloo = fc
+    assert neg.duration == pytest.approx(0.05)
+    assert allreduce.depth == 0 and gloo.depth == 1
+    assert allreduce.start <= gloo.start and gloo.end <= allreduce.end
+    assert spans == sorted(spans, key=lambda s: s.start)
+
+
+def test_summary_ready_marks_and_steps():
+    events = _events()
+    spans = timeline.spans(events)
+    totals = timeline.summary(spans)
+    assert totals["NEGOTIATE_ALLREDUCE"] == pytest.approx(0.1)
+    assert totals["GLOO_ALLREDUCE"] == pytest.approx(0.02)
+    marks = timeline.ready_marks(events)
+    assert ("allreduce.fc.weight", 1, pytest.approx(1.05)) in marks
+    assert len(marks) == 4
+    # the two tensors are 0.2 s apart: one burst with a large gap, two with a small one
+    assert len(timeline.steps(spans, gap_s=0.5)) == 1
+    assert len(timeline.steps(spans, gap_s=0.01)) == 2
+
+
+def test_plot_draws_one_row_per_tensor_in_ready_order():
+    events = _events()
+    ax = timeline.plot(timeline.spans(events), marks=timeline.ready_marks(events))
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["fc.weight", "conv.weight"]  # the first gradient ready is on top
+    assert len(ax.collections) == 6  # 3 phases x 2 tensors
+    with pytest.raises(ValueError, match="no timeline events"):
+        timeline.plot(timeline.spans(events), window=(100.0, 101.0))
