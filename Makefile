@@ -15,7 +15,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup lab lab-instructor test test-fast data info release check-release \
         clean-notebooks check-notebooks course bench calibrate collect autograde feedback \
-        grades certificates grade-me clean
+        grades certificates grade-me clean browser-deps test-browser
 
 help:
 	@echo "make lab             start JupyterLab on the course (learner view; builds the environment first)"
@@ -27,6 +27,7 @@ help:
 	@echo "make check-release   fail when learner copies differ from what make release generates"
 	@echo "make clean-notebooks strip outputs and volatile metadata (check-notebooks only checks)"
 	@echo "make lab-instructor  JupyterLab with the nbgrader formgrader on solutions/"
+	@echo "make test-browser    end-to-end test of the learner view in headless Chromium (make browser-deps installs it)"
 	@echo "instructor: make collect SUBMISSIONS=dir|zip, autograde, feedback, grades, certificates"
 
 # ---------------------------------------------------------------------------------- environment
@@ -51,21 +52,43 @@ data: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/multigpu info || true
 	$(BIN)/multigpu data
+	JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/learner \
 	$(BIN)/jupyter lab --ServerApp.ip=$(IP) --ServerApp.port=$(PORT) --ServerApp.root_dir=$(CURDIR) \
 	    --LabApp.default_url=/lab/tree/notebooks/00-welcome.ipynb
 
+# the instructor's view: formgrader, Create Assignment and course list on (jupyter/instructor/)
 lab-instructor: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.ip=$(IP) --ServerApp.port=$(PORT) --ServerApp.root_dir=$(CURDIR)
+	JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/instructor \
+	$(BIN)/jupyter lab --ServerApp.ip=$(IP) --ServerApp.port=$(PORT) --ServerApp.root_dir=$(CURDIR) \
+	    --LabApp.default_url=/lab/tree/solutions
 
 grade-me: $(STAMP)
 	$(BIN)/multigpu grade assessments
 
 # ---------------------------------------------------------------------------------- checks
-test: $(STAMP)
-	MULTIGPU_QUICK=1 $(PY) -m pytest
+# everything, the browser test included (browser-deps installs Debian's chromium and playwright)
+test: $(STAMP) browser-deps
+	MULTIGPU_QUICK=1 $(PY) -m pytest --durations=15
 
 test-fast: $(STAMP)
 	MULTIGPU_QUICK=1 $(PY) -m pytest -m "not slow"
+
+# the browser test (tests/test_browser.py): Debian's chromium (no browser download) + playwright
+CHROMIUM ?= /usr/bin/chromium
+PLAYWRIGHT_VERSION := 1.65.2
+
+browser-deps: $(STAMP)
+	@if [ ! -x $(CHROMIUM) ]; then \
+	    if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+	    echo "installing chromium (apt-get) for the browser test"; \
+	    { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; } \
+	    || echo "could not install chromium (needs root or passwordless sudo): tests/test_browser.py will be skipped"; \
+	fi
+	@$(PY) -c "import importlib.metadata as m; raise SystemExit(m.version('playwright') != '$(PLAYWRIGHT_VERSION)')" 2>/dev/null \
+	    || $(BIN)/pip install --quiet --disable-pip-version-check playwright==$(PLAYWRIGHT_VERSION)
+
+test-browser: browser-deps
+	MULTIGPU_QUICK=1 $(PY) -m pytest tests/test_browser.py -v
 
 check-notebooks: $(STAMP)
 	$(BIN)/multigpu clean-notebooks --check
