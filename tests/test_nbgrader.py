@@ -29,7 +29,7 @@ def nbgrader(course, *args, timeout=3600):
 
 @pytest.fixture(scope="module")
 def graded_course(tmp_path_factory):
-    from multigpu.release import present_assignments
+    from multigpu.release import install_starter, present_assignments
 
     course = tmp_path_factory.mktemp("course")
     shutil.copytree(REPO / "solutions", course / "solutions",
@@ -40,6 +40,8 @@ def graded_course(tmp_path_factory):
     logs = {}
     for assignment in assignments:
         nbgrader(course, "generate_assignment", assignment, "--force")
+        if assignment == "assessments":
+            install_starter(course / assignment)  # what make release gives learners
         shutil.copytree(course / "solutions" / assignment, course / "grading/submitted" / SOLUTION / assignment)
         shutil.copytree(course / assignment, course / "grading/submitted" / BLANK / assignment)
         logs[assignment] = nbgrader(course, "autograde", assignment)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from multigpu import nbtools
 
+RESULT_FILE = "grading-result.json"  # multigpu.grading.grader.RESULT_FILE (not imported: torch-free)
+
 ASSIGNMENTS = ("notebooks", "assessments")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,6 +44,19 @@ def present_assignments(root: Path = REPO) -> list[str]:
     return [a for a in ASSIGNMENTS if any((root / "solutions" / a).glob("*.ipynb"))]
 
 
+def install_starter(assessment: Path) -> Path:
+    """Put the unconverted starter script in a released ``assessments/`` folder as ``train.py``.
+
+    nbgrader copies ``solutions/assessments/train.py``, the instructor's converted solution, into
+    the release; learners must get the single-device starter instead (the grader's baseline).
+    """
+    from multigpu.grading.grader import STARTER
+
+    target = assessment / "train.py"
+    shutil.copyfile(STARTER, target)
+    return target
+
+
 def generate(into: Path, root: Path = REPO) -> list[str]:
     """Generate the learner copies of every assignment into ``into/<assignment>/``, cleaned."""
     assignments = present_assignments(root)
@@ -55,6 +70,8 @@ def generate(into: Path, root: Path = REPO) -> list[str]:
             _nbgrader(["generate_assignment", assignment, "--force"], cwd=course)
             for nb in (course / assignment).rglob("*.ipynb"):
                 nbtools.clean(nb)
+            if assignment == "assessments":
+                install_starter(course / assignment)
             target = into / assignment
             if target.exists():
                 shutil.rmtree(target)
@@ -113,7 +130,9 @@ def collect(source: Path, root: Path = REPO) -> list[str]:
                     dest = root / "grading" / "submitted" / student.name / assignment
                     if dest.exists():
                         shutil.rmtree(dest)
-                    shutil.copytree(student / assignment, dest)
+                    # a grading result comes from the grader's own run during autograde, never
+                    # from a submission: drop any the learner sent along
+                    shutil.copytree(student / assignment, dest, ignore=shutil.ignore_patterns(RESULT_FILE))
                     students.append(f"{student.name}/{assignment}")
     return students
 

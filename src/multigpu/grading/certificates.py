@@ -1,0 +1,334 @@
+"""Signed, verifiable certificates of the final assessment.
+
+A certificate is two files: ``<id>.pdf`` for people, and ``<id>.json`` for machines: the record
+(name, course, date, the grader's measurements and thresholds, the PDF's SHA-256) and an
+Ed25519 signature over it. ``multigpu verify CERT.json --public-key course-key.pub`` checks both:
+any changed byte of the record or of the PDF, or a signature by another key, is reported.
+
+The course key lives OUTSIDE the repository (default ``~/.config/multigpu/course-key``, or
+``$MULTIGPU_COURSE_KEY``), readable by its owner only; only ``course-key.pub`` is shared.
+
+:func:`certify` is what ``make certificates`` runs after ``make autograde``: a certificate for
+each student whose assessment has full marks in the gradebook, whose labs reach
+:data:`LABS_REQUIRED` of their points, and whose grader result (``grading-result.json``, written
+by the assessment notebook's locked grading cell during autograde) says passed on a real profile.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from multigpu.grading.grader import REPO, RESULT_FILE
+
+COURSE = "Training Deep Learning Models on Multiple GPUs"
+FORMAT = "multigpu-certificate/1"
+#: Fraction of the lab points (assignment ``notebooks``) a certificate also requires.
+LABS_REQUIRED = 0.6
+
+__all__ = ["COURSE", "RESULT_FILE", "CertificateError", "certify", "default_key_path", "issue", "keygen",
+           "load_private_key", "make_record", "verify"]
+
+
+class CertificateError(ValueError):
+    """A certificate that does not verify; the message says why."""
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def default_key_path() -> Path:
+    """``$MULTIGPU_COURSE_KEY``, else ``~/.config/multigpu/course-key`` (outside the repository)."""
+    env = os.environ.get("MULTIGPU_COURSE_KEY")
+    return Path(env).expanduser() if env else Path.home() / ".config" / "multigpu" / "course-key"
+
+
+def public_key_path(private: str | os.PathLike) -> Path:
+    private = Path(private)
+    return private.with_name(private.name + ".pub")
+
+
+def _public_text(key: Ed25519PublicKey) -> str:
+    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return "ed25519 " + base64.b64encode(raw).decode()
+
+
+def keygen(path: str | os.PathLike | None = None) -> tuple[Path, Path]:
+    """Create the course's signing key at ``path`` (mode 600) and ``path.pub``; returns both.
+
+    Refuses a path inside the repository (a key committed by mistake signs anything) and an
+    existing key (overwriting it would invalidate every certificate issued with it).
+    """
+    private = Path(path).expanduser() if path else default_key_path()
+    resolved = private.resolve()
+    if resolved == REPO or REPO in resolved.parents:
+        raise ValueError(f"{private} is inside the course repository: keep the private key outside it "
+                         f"(default {default_key_path()})")
+    if private.exists():
+        raise FileExistsError(f"{private} exists: a new key would invalidate every certificate signed with it")
+    private.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    public = public_key_path(private)
+    public.write_text(_public_text(key.public_key()) + "\n")
+    return private, public
+
+
+def load_private_key(path: str | os.PathLike | None = None) -> Ed25519PrivateKey:
+    path = Path(path).expanduser() if path else default_key_path()
+    if not path.exists():
+        raise FileNotFoundError(f"no course key at {path}: create one with 'multigpu keygen'")
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{path} is not an Ed25519 private key")
+    return key
+
+
+def load_public_key(path_or_text: str | os.PathLike) -> Ed25519PublicKey:
+    """A public key from a ``.pub`` file or its text ``ed25519 <base64>``."""
+    text = str(path_or_text)
+    if not text.startswith("ed25519 "):
+        text = Path(path_or_text).read_text().strip()
+    kind, _, b64 = text.partition(" ")
+    if kind != "ed25519":
+        raise ValueError("a public key looks like 'ed25519 <base64>'")
+    return Ed25519PublicKey.from_public_bytes(base64.b64decode(b64))
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def make_record(name: str, student: str, result: dict[str, Any], labs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a certificate states, from a grader result (``GradeResult.to_dict()``)."""
+    s, m = result.get("settings", {}), result.get("measurements", {})
+    return {
+        "course": COURSE,
+        "name": name,
+        "student": student,
+        "issued": _dt.date.today().isoformat(),
+        "id": uuid.uuid4().hex[:16],
+        "assessment": {
+            "passed": bool(result.get("passed")),
+            "score": result.get("score"),
+            "max_score": result.get("max_score"),
+            "accuracy": m.get("accuracy_held"),
+            "throughput_images_per_s": m.get("throughput"),
+            "efficiency": m.get("efficiency"),
+            "workers": m.get("workers", s.get("workers")),
+            "hardware": m.get("hardware"),
+            "hardware_mode": m.get("mode") or s.get("profile"),
+            "profile": s.get("profile"),
+            "thresholds": {"accuracy": s.get("accuracy"), "time_budget_s": s.get("time_budget_s"),
+                           "efficiency": s.get("efficiency"), "epochs_held": s.get("epochs_held")},
+        },
+        "labs": labs,
+    }
+
+
+def _canonical(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _pdf(record: dict[str, Any], path: Path) -> None:
+    import matplotlib
+    from fpdf import FPDF
+
+    fonts = Path(matplotlib.get_data_path()) / "fonts" / "ttf"  # DejaVu: every name's letters
+    a = record["assessment"]
+    pdf = FPDF(orientation="landscape", format="A4")
+    pdf.set_title(f"Certificate: {record['course']}")
+    pdf.set_author(COURSE)
+    pdf.set_creation_date(_dt.datetime(2000, 1, 1, tzinfo=_dt.timezone.utc))
+    pdf.add_font("DejaVu", "", str(fonts / "DejaVuSans.ttf"))
+    pdf.add_font("DejaVu", "B", str(fonts / "DejaVuSans-Bold.ttf"))
+    pdf.add_page()
+    pdf.set_draw_color(40, 70, 120)
+    pdf.set_line_width(1.5)
+    pdf.rect(10, 10, 277, 190)
+    pdf.set_y(30)
+    pdf.set_font("DejaVu", "B", 30)
+    pdf.cell(0, 16, "Certificate of Competency", align="C", new_x="LMARGIN", new_y="NEXT")
+    pdf.set_font("DejaVu", "", 14)
+    pdf.cell(0, 10, "This certifies that", align="C", new_x="LMARGIN", new_y="NEXT")
+    pdf.set_font("DejaVu", "B", 26)
+    pdf.cell(0, 16, record["name"], align="C", new_x="LMARGIN", new_y="NEXT")
+    pdf.set_font("DejaVu", "", 14)
+    pdf.cell(0, 10, "passed the final assessment of the course", align="C", new_x="LMARGIN", new_y="NEXT")
+    pdf.set_font("DejaVu", "B", 18)
+    pdf.cell(0, 12, record["course"], align="C", new_x="LMARGIN", new_y="NEXT")
+    pdf.ln(6)
+    pdf.set_font("DejaVu", "", 12)
+    t = a["thresholds"]
+    lines = [
+        f"Converted a training script to Horovod and trained it on {a['workers']} workers "
+        f"({a['hardware'] or a['hardware_mode']}).",
+        f"Held-out accuracy measured by the grader: {_pct(a['accuracy'])} (required {_pct(t['accuracy'])}, "
+        f"held for {t['epochs_held']} epochs).",
+        f"Aggregate throughput: {_num(a['throughput_images_per_s'])} images/s, {_num(a['efficiency'])} x the ideal "
+        f"(required {_num(t['efficiency'])} x).",
+        f"Score: {a['score']}/{a['max_score']} (grading profile '{a['profile']}').",
+    ]
+    if record.get("labs"):
+        lab = record["labs"]
+        lines.append(f"Labs: {lab['score']:g}/{lab['max_score']:g} points.")
+    for line in lines:
+        pdf.cell(0, 8, line, align="C", new_x="LMARGIN", new_y="NEXT")
+    pdf.set_y(170)
+    pdf.set_font("DejaVu", "", 10)
+    pdf.cell(0, 6, f"Issued {record['issued']} · certificate {record['id']}", align="C", new_x="LMARGIN", new_y="NEXT")
+    pdf.cell(0, 6, f"Verify: multigpu verify {record['id']}.json --public-key course-key.pub "
+             "(the JSON record is signed with the course's Ed25519 key)", align="C")
+    pdf.output(str(path))
+
+
+def _pct(x: Any) -> str:
+    return f"{x:.1%}" if isinstance(x, (int, float)) else "n/a"
+
+
+def _num(x: Any) -> str:
+    return f"{x:.2f}" if isinstance(x, (int, float)) else "n/a"
+
+
+def issue(record: dict[str, Any], key: Ed25519PrivateKey, outdir: str | os.PathLike) -> tuple[Path, Path]:
+    """Write ``outdir/<id>.pdf`` and the signed ``outdir/<id>.json``; returns ``(pdf, json)``."""
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    pdf = outdir / f"{record['id']}.pdf"
+    _pdf(record, pdf)
+    signed = dict(record, pdf={"file": pdf.name, "sha256": hashlib.sha256(pdf.read_bytes()).hexdigest()})
+    doc = {
+        "format": FORMAT,
+        "record": signed,
+        "signature": base64.b64encode(key.sign(_canonical(signed))).decode(),
+        "public_key": _public_text(key.public_key()),
+    }
+    path = outdir / f"{record['id']}.json"
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return pdf, path
+
+
+@dataclass
+class Verified:
+    record: dict[str, Any]
+    pdf_checked: bool
+    path: Path
+
+    def summary(self) -> str:
+        a = self.record["assessment"]
+        pdf = "the PDF matches" if self.pdf_checked else "PDF not found next to the record: not checked"
+        return (f"VALID certificate {self.record['id']}: {self.record['name']}, '{self.record['course']}', issued "
+                f"{self.record['issued']}; accuracy {_pct(a['accuracy'])}, throughput "
+                f"{_num(a['throughput_images_per_s'])} images/s ({_num(a['efficiency'])} x ideal, "
+                f"{a['hardware_mode']} mode); {pdf}")
+
+
+def verify(path: str | os.PathLike, public_key: str | os.PathLike) -> Verified:
+    """Check a certificate (its ``.json``, or the ``.pdf`` next to it) against the course's public
+    key. Raises :class:`CertificateError` saying what is wrong."""
+    path = Path(path)
+    if path.suffix.lower() == ".pdf":
+        path = path.with_suffix(".json")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        record, signature = doc["record"], base64.b64decode(doc["signature"], validate=True)
+        if doc.get("format") != FORMAT or not isinstance(record, dict):
+            raise ValueError("unknown format")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CertificateError(f"{path} is not a certificate of this course ({e})") from None
+    trusted = load_public_key(public_key)
+    try:
+        trusted.verify(signature, _canonical(record))
+    except InvalidSignature:
+        if doc.get("public_key") != _public_text(trusted):
+            raise CertificateError(f"{path} was signed with a different key than the course's "
+                                   f"({doc.get('public_key')}): it is not issued by this course") from None
+        raise CertificateError(f"{path}: the record was changed after it was signed (the signature does not match)") from None
+    pdf_checked = False
+    pdf_info = record.get("pdf") or {}
+    pdf = path.with_name(pdf_info.get("file", path.stem + ".pdf"))
+    if pdf.exists():
+        if hashlib.sha256(pdf.read_bytes()).hexdigest() != pdf_info.get("sha256"):
+            raise CertificateError(f"{pdf} was changed: the PDF is not the one that was issued with this record")
+        pdf_checked = True
+    return Verified(record, pdf_checked, path)
+
+
+# ----------------------------------------------------------------------------- certify a workshop
+
+
+@dataclass
+class Decision:
+    student: str
+    certified: bool
+    reason: str
+    files: list[Path] = field(default_factory=list)
+
+
+def _score(gb: Any, assignment: str, student: str) -> tuple[float, float] | None:
+    from nbgrader.api import MissingEntry
+
+    try:
+        sub = gb.find_submission(assignment, student)
+    except MissingEntry:
+        return None
+    return float(sub.score), float(sub.max_score)
+
+
+def certify(db_url: str, autograded: str | os.PathLike, outdir: str | os.PathLike, *,
+            key: Ed25519PrivateKey, labs_required: float = LABS_REQUIRED) -> list[Decision]:
+    """Decide, for every student in the gradebook, and issue certificates to those who qualify."""
+    from nbgrader.api import Gradebook
+
+    decisions: list[Decision] = []
+    with Gradebook(db_url) as gb:
+        for student in sorted(gb.students, key=lambda s: s.id):
+            sid = student.id
+            name = " ".join(p for p in (student.first_name, student.last_name) if p) or sid
+            assessment = _score(gb, "assessments", sid)
+            labs = _score(gb, "notebooks", sid)
+            result_file = Path(autograded) / sid / "assessments" / RESULT_FILE
+            if assessment is None:
+                decisions.append(Decision(sid, False, "no autograded assessment submission"))
+                continue
+            if assessment[1] == 0 or assessment[0] < assessment[1]:
+                decisions.append(Decision(sid, False, f"assessment not passed ({assessment[0]:g}/{assessment[1]:g} "
+                                                      "points; a pass needs all of them)"))
+                continue
+            if labs is None or labs[1] == 0 or labs[0] < labs_required * labs[1]:
+                got = f"{labs[0]:g}/{labs[1]:g}" if labs else "no submission"
+                decisions.append(Decision(sid, False, f"labs below {labs_required:.0%} of their points ({got})"))
+                continue
+            try:
+                result = json.loads(result_file.read_text())
+            except (OSError, ValueError):
+                decisions.append(Decision(sid, False, f"no readable grader result {result_file}: re-run make autograde"))
+                continue
+            profile = (result.get("settings") or {}).get("profile")
+            if not result.get("passed"):
+                decisions.append(Decision(sid, False, "the grader's result does not say passed (gradebook and "
+                                                      f"{RESULT_FILE} disagree: re-run make autograde)"))
+                continue
+            if profile not in ("cpu", "gpu"):
+                decisions.append(Decision(sid, False, f"the grader ran with the '{profile}' profile (tests only): "
+                                                      "grade again with the cpu or gpu profile"))
+                continue
+            record = make_record(name, sid, result, labs={"score": labs[0], "max_score": labs[1],
+                                                          "required_fraction": labs_required})
+            pdf, js = issue(record, key, outdir)
+            decisions.append(Decision(sid, True, "assessment passed, labs done", [pdf, js]))
+    return decisions

@@ -1,0 +1,145 @@
+"""``multigpu grade | keygen | verify | certify | calibrate``: the assessment from a terminal.
+
+    multigpu grade [assessments]        the verdict the official grader gives (make grade-me)
+    multigpu keygen [--key PATH]        the course's signing key, outside the repository
+    multigpu certify                    certificates for who passed (after make autograde)
+    multigpu verify CERT --public-key course-key.pub
+    multigpu calibrate                  pass counts of the reference and the broken variants
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def cmd_grade(args: argparse.Namespace) -> int:
+    from multigpu.grading import grader, rules
+
+    target = Path(args.target)
+    script = target / "train.py" if target.is_dir() else target
+    settings = rules.settings(args.profile)
+    print(settings.describe(), flush=True)
+    result = grader.grade(script, settings, echo=args.echo, log=lambda m: print(m, flush=True))
+    print(result.report())
+    out = grader.save_result(result, (script.parent / grader.RESULT_FILE) if args.save else args.json) \
+        if (args.save or args.json) else None
+    if out:
+        print(f"result written to {out}")
+    return 0 if result.passed else 1
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from multigpu.grading import certificates
+
+    try:
+        private, public = certificates.keygen(args.key)
+    except (FileExistsError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"private key: {private} (keep it secret; back it up)\npublic key:  {public} (publish it with the course)")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from multigpu.grading import certificates
+
+    public = args.public_key or certificates.public_key_path(certificates.default_key_path())
+    try:
+        print(certificates.verify(args.certificate, public).summary())
+    except certificates.CertificateError as e:
+        print(f"INVALID: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_certify(args: argparse.Namespace) -> int:
+    from multigpu.grading import certificates
+
+    if not args.gradebook.exists():
+        print(f"error: no gradebook at {args.gradebook}: run 'make autograde' first", file=sys.stderr)
+        return 1
+    key = certificates.load_private_key(args.key)
+    decisions = certificates.certify(f"sqlite:///{args.gradebook.resolve()}", args.autograded, args.out, key=key)
+    for d in decisions:
+        print(f"{d.student:20s} {'CERTIFIED' if d.certified else 'no':10s} {d.reason}"
+              + (f" -> {', '.join(map(str, d.files))}" if d.files else ""))
+    print(f"{sum(d.certified for d in decisions)} of {len(decisions)} student(s) certified; files in {args.out}/")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Grade the reference N times and each broken variant M times; print the pass counts."""
+    from multigpu.grading import grader, rules
+
+    settings = rules.settings(args.profile)
+    variants = ["unconverted", "no_distributed_optimizer", "no_broadcast", "no_sampler", "fake_metrics"]
+    jobs = [("reference", grader.REFERENCE)] * args.reference
+    for _ in range(args.broken):
+        jobs += [(v, grader.FIXTURES / f"{v}.py") for v in variants]  # interleaved, a slow minute hits all
+    print(settings.describe())
+    print(f"{len(jobs)} gradings: the reference x{args.reference}, each broken variant x{args.broken}", flush=True)
+    rows: dict[str, list[dict]] = {}
+    for i, (name, path) in enumerate(jobs, 1):
+        start = time.monotonic()
+        r = grader.grade(path, settings)
+        m = r.measurements
+        rows.setdefault(name, []).append({"passed": r.passed, "score": r.score, "efficiency": m.get("efficiency"),
+                                          "accuracy_held": m.get("accuracy_held"), "seconds": time.monotonic() - start})
+        failed = [c for c in r.criteria if not r.ok(c)]
+        print(f"[{i}/{len(jobs)}] {name}: {r.score}/{r.max_score} {'PASS' if r.passed else 'fail'} "
+              f"(accuracy held {m.get('accuracy_held')}, efficiency {m.get('efficiency')}; failed: "
+              f"{', '.join(failed) or '-'}; {time.monotonic() - start:.0f} s)", flush=True)
+    print("\nvariant                   passes   expected  efficiency (min-max)   accuracy held (min-max)")
+    ok = True
+    for name, rs in rows.items():
+        passes = sum(x["passed"] for x in rs)
+        expected = len(rs) if name == "reference" else 0
+        ok &= passes == expected
+        eff = [x["efficiency"] for x in rs if x["efficiency"] is not None]
+        acc = [x["accuracy_held"] for x in rs if x["accuracy_held"] is not None]
+        span = lambda v: f"{min(v):.2f}-{max(v):.2f}" if v else "-"  # noqa: E731
+        print(f"{name:25s} {passes:>2d}/{len(rs):<2d}    {expected:>2d}/{len(rs):<2d}    {span(eff):20s}  {span(acc)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"settings": settings.to_dict(), "rows": rows}, indent=2) + "\n")
+    print("calibration " + ("holds" if ok else "DOES NOT HOLD: change the profile in multigpu/grading/rules.py"))
+    return 0 if ok else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from multigpu.grading.certificates import default_key_path
+
+    p = sub.add_parser("grade", help="grade an assessment the way the official grader does")
+    p.add_argument("target", nargs="?", default="assessments", help="the assessments/ folder or a script")
+    p.add_argument("--profile", choices=["cpu", "gpu", "quick"], default=None,
+                   help="grading profile (default: by this machine; quick under MULTIGPU_QUICK=1)")
+    p.add_argument("--echo", action="store_true", help="show the run's output live")
+    p.add_argument("--save", action="store_true", help="write grading-result.json next to the script")
+    p.add_argument("--json", type=Path, default=None, help="write the result as JSON to this file")
+    p.set_defaults(func=cmd_grade)
+
+    p = sub.add_parser("keygen", help="create the course's certificate signing key (outside the repository)")
+    p.add_argument("--key", type=Path, default=None, help=f"private key path (default {default_key_path()})")
+    p.set_defaults(func=cmd_keygen)
+
+    p = sub.add_parser("verify", help="check a certificate's signature and PDF")
+    p.add_argument("certificate", type=Path, help="the certificate's .json (or its .pdf)")
+    p.add_argument("--public-key", default=None, help="the course's public key file (default: next to the key)")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("certify", help="issue certificates to students who passed (after make autograde)")
+    p.add_argument("--gradebook", type=Path, default=Path("grading/gradebook.db"))
+    p.add_argument("--autograded", type=Path, default=Path("grading/autograded"))
+    p.add_argument("--out", type=Path, default=Path("certificates"))
+    p.add_argument("--key", type=Path, default=None, help="private key (default: multigpu keygen's)")
+    p.set_defaults(func=cmd_certify)
+
+    p = sub.add_parser("calibrate", help="grade the reference and the broken variants; print pass counts")
+    p.add_argument("--profile", choices=["cpu", "gpu", "quick"], default="cpu")
+    p.add_argument("--reference", type=int, default=10, help="gradings of the reference (default 10)")
+    p.add_argument("--broken", type=int, default=3, help="gradings of each broken variant (default 3)")
+    p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    p.set_defaults(func=cmd_calibrate)

@@ -1,0 +1,529 @@
+"""The assessment grader: runs a submission itself and judges it on facts it measures.
+
+    result = grade("assessments/train.py", rules.settings())
+    print(result.report())
+
+What it does, in order (nothing the script prints or writes as a metric is trusted):
+
+1. :func:`check_source`: the file exists and compiles (otherwise: zero, nothing runs).
+2. Prepares the data: the training set the script gets (``$MULTIGPU_ASSESSMENT_DATA``) and a
+   held-out set generated with the grader's own seed (:data:`rules.HOLDOUT_SEED`).
+3. Runs the unmodified starter on one worker (the baseline), the submission with
+   ``horovodrun -np 4`` under the time budget, and the baseline again (interleaved, so a slow
+   minute hits both), each with :func:`runner.run_script`: bounded in time and output, no
+   process left behind, checkpoint arrival timed by the grader's clock.
+4. Loads every ``rank-<R>-epoch-<E>.pt`` with ``weights_only=True`` (no code from a
+   submission runs in the grader) and checks: every rank saved every epoch; weights identical
+   across ranks; disjoint shards that cover the training set; its own held-out accuracy of the
+   weights; throughput from the checkpoints' arrival times against the baseline.
+
+Each criterion gets its points or zero, with a message that says what failed and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from multigpu import data, devices, models
+from multigpu.grading import rules, runner
+from multigpu.grading.rules import Settings
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+#: The unmodified single-device script learners convert (released as ``assessments/train.py``).
+STARTER = HERE / "starter.py"
+#: The instructor's converted solution (never released).
+REFERENCE = REPO / "solutions" / "assessments" / "train.py"
+#: Broken variants the calibration must fail (test fixtures).
+FIXTURES = REPO / "tests" / "fixtures" / "assessment"
+#: Where the notebook's grading cell saves the result (next to the notebook); certificates read it.
+RESULT_FILE = "grading-result.json"
+
+#: Criterion -> points. A submission passes with all of them.
+POINTS: dict[str, int] = {"workers": 2, "identical": 2, "sharded": 2, "accuracy": 3, "throughput": 1}
+#: Largest difference between two ranks' weights that still counts as identical.
+IDENTICAL_TOL = 1e-6
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Criterion:
+    name: str
+    points: int
+    passed: bool
+    message: str
+
+    @property
+    def earned(self) -> int:
+        return self.points if self.passed else 0
+
+
+@dataclass
+class GradeResult:
+    """A grading: per-criterion verdicts, the measurements behind them and the settings used."""
+
+    script: str
+    settings: Settings
+    criteria: dict[str, Criterion]
+    measurements: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def score(self) -> int:
+        return sum(c.earned for c in self.criteria.values())
+
+    @property
+    def max_score(self) -> int:
+        return sum(c.points for c in self.criteria.values())
+
+    @property
+    def passed(self) -> bool:
+        return self.score == self.max_score
+
+    def ok(self, name: str) -> bool:
+        return self.criteria[name].passed
+
+    def message(self, name: str) -> str:
+        c = self.criteria[name]
+        return f"{'PASS' if c.passed else 'FAIL'} {name} ({c.earned}/{c.points}): {c.message}"
+
+    def report(self) -> str:
+        m = self.measurements
+        lines = [f"Grading of {self.script} (profile '{self.settings.profile}'): "
+                 f"{self.score}/{self.max_score} points, {'PASSED' if self.passed else 'NOT PASSED'}"]
+        lines += ["  " + self.message(name) for name in self.criteria]
+        facts = [f"{k} {m[k]:.3f}" if isinstance(m.get(k), float) else f"{k} {m[k]}"
+                 for k in ("accuracy_held", "throughput", "ideal", "efficiency", "run_s") if m.get(k) is not None]
+        if facts:
+            lines.append("  measured: " + ", ".join(facts))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "script": self.script,
+            "passed": self.passed,
+            "score": self.score,
+            "max_score": self.max_score,
+            "settings": self.settings.to_dict(),
+            "criteria": {n: {"points": c.points, "passed": c.passed, "message": c.message}
+                         for n, c in self.criteria.items()},
+            "measurements": self.measurements,
+        }
+
+
+def save_result(result: GradeResult, path: str | os.PathLike = RESULT_FILE) -> Path:
+    """Write ``result`` as JSON (``grading-result.json`` next to the notebook by default)."""
+    path = Path(path)
+    path.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def _all_fail(script: str, settings: Settings, message: str, **measurements: Any) -> GradeResult:
+    return GradeResult(script, settings, {n: Criterion(n, p, False, message) for n, p in POINTS.items()},
+                       dict(measurements))
+
+
+# ----------------------------------------------------------------------------- reading a submission
+
+
+def check_source(path: str | os.PathLike) -> str | None:
+    """None when ``path`` exists and compiles; otherwise what is wrong (nothing is run)."""
+    path = Path(path)
+    if not path.is_file():
+        return f"no submission: {path} does not exist (save your converted script as train.py next to the notebook)"
+    try:
+        compile(path.read_bytes(), str(path), "exec")
+    except SyntaxError as e:
+        return f"{path.name} does not compile: {e.msg} at line {e.lineno}: {(e.text or '').strip()}"
+    except ValueError as e:  # e.g. NUL bytes
+        return f"{path.name} does not compile: {e}"
+    return None
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint of the contract, ``{"model": {name: tensor}, "indices": [int, ...]}``, loaded
+    with ``weights_only=True``: tensors and plain containers only, no code from the submission."""
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # an unpicklable object, a truncated file, not a torch file at all
+        raise ValueError(f"{Path(path).name} cannot be loaded as plain weights: {str(e).splitlines()[0][:200]}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict) or "indices" not in raw:
+        raise ValueError(f"{Path(path).name} does not follow the contract: save it with save_checkpoint() "
+                         "(a dict with 'model' = state_dict and 'indices' = the samples trained on)")
+    if not all(isinstance(v, torch.Tensor) for v in raw["model"].values()):
+        raise ValueError(f"{Path(path).name} does not follow the contract: 'model' must hold tensors only")
+    indices = raw["indices"]
+    indices = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
+    if not all(isinstance(i, int) for i in indices):
+        raise ValueError(f"{Path(path).name} does not follow the contract: 'indices' must be integers")
+    return {"model": raw["model"], "indices": indices}
+
+
+def state_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """The largest absolute difference between two state dicts and the tensor where it is
+    (``(0.0, "")`` when identical; ``inf`` when names or shapes differ)."""
+    worst, where = 0.0, ""
+    for name in sorted(set(a) | set(b)):
+        if name not in a or name not in b or a[name].shape != b[name].shape:
+            return math.inf, name
+        x, y = a[name], b[name]
+        if not x.is_floating_point():
+            d = 0.0 if torch.equal(x, y) else math.inf
+        else:
+            d = float((x.double() - y.double()).abs().max()) if x.numel() else 0.0
+        if d > worst:
+            worst, where = d, name
+    return worst, where
+
+
+def run_throughput(record: runner.RunRecord, images: dict[int, int]) -> float | None:
+    """Aggregate images/s of a run from the moments its checkpoints appeared (the grader's clock).
+
+    Epoch 1 is warm-up (start-up, data loading, first steps) and not counted. The time of
+    epochs 2..n is at least half their share of the run up to the last checkpoint, so a script
+    that saves every checkpoint in one burst at the end gains at most a factor of two.
+    None when fewer than two epochs completed.
+    """
+    epochs = sorted(e for e in record.epoch_times if e in images)
+    if len(epochs) < 2 or epochs[0] != 1:
+        return None
+    last = epochs[-1]
+    counted = sum(images[e] for e in epochs[1:])
+    t_last = record.epoch_times[last]
+    elapsed = max(t_last - record.epoch_times[1], 0.5 * t_last * (len(epochs) - 1) / len(epochs))
+    return counted / elapsed if elapsed > 0 else None
+
+
+def _checkpoints(folder: Path) -> dict[tuple[int, int], Path]:
+    out = {}
+    for p in folder.glob("rank-*-epoch-*.pt") if folder.is_dir() else []:
+        m = runner.CHECKPOINT.match(p.name)
+        if m:
+            out[(int(m.group(1)), int(m.group(2)))] = p
+    return out
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def _fit_model(state: dict[str, torch.Tensor], num_classes: int) -> tuple[torch.nn.Module, str] | None:
+    """The course model whose architecture the weights fit (the contract allows the course's models)."""
+    for name in sorted(models.MODELS, key=lambda n: n != "alexnet_small"):  # the CPU default first
+        model = models.build_model(name, num_classes=num_classes)
+        try:
+            model.load_state_dict(state, strict=True)
+        except (RuntimeError, KeyError):
+            continue
+        return model, name
+    return None
+
+
+def holdout_accuracy(state: dict[str, torch.Tensor], holdout: Path) -> float:
+    """Accuracy of the weights on the grader's held-out set (evaluated by the grader itself)."""
+    classes, _ = data.find_classes(holdout / "val")
+    fitted = _fit_model(state, len(classes))
+    if fitted is None:
+        raise ValueError("the weights fit none of the course's models "
+                         f"({', '.join(models.MODELS)}) with {len(classes)} classes")
+    model, name = fitted
+    dataset = data.JPEGFolder(holdout, data.val_transform(models.default_image_size(name)), split="val")
+    loader = data.make_loader(dataset, 256)
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for images, labels in loader:
+            correct += int((model(images).argmax(1) == labels).sum())
+            total += labels.numel()
+    return correct / max(total, 1)
+
+
+# ----------------------------------------------------------------------------- the grading
+
+
+def prepare_data(settings: Settings, progress: bool = False) -> tuple[Path, Path]:
+    """``(training set, held-out set)`` for ``settings``, generated once and cached."""
+    train = data.ensure_dataset(train_per_class=settings.train_per_class, val_per_class=settings.val_per_class,
+                                progress=progress)
+    holdout = data.ensure_dataset(train_per_class=0, val_per_class=settings.holdout_per_class,
+                                  seed=rules.HOLDOUT_SEED, progress=progress)
+    return train, holdout
+
+
+def _images_per_epoch(ckpts: dict[tuple[int, int], Path], loaded: dict[tuple[int, int], dict]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for (_, epoch), c in loaded.items():
+        out[epoch] = out.get(epoch, 0) + len(c["indices"])
+    return out
+
+
+def _run_failure(rec: runner.RunRecord, settings: Settings) -> str | None:
+    """Why a run did not end cleanly, in words a learner can act on (None: it did)."""
+    from multigpu.hvdtools import worker_errors
+
+    if rec.timed_out:
+        return (f"the run did not finish within the time budget T = {settings.time_budget_s:.0f} s and was stopped "
+                "(a rank waiting in a collective another never joined, an endless loop, or too many epochs). "
+                f"Last output:\n{rec.tail[-1500:]}")
+    if rec.output_exceeded:
+        return (f"the run printed more than {settings.max_output_bytes:,} bytes and was stopped: print once per "
+                f"epoch on rank 0 only. Last output:\n{rec.tail[-800:]}")
+    if rec.returncode != 0:
+        lines = rec.tail.splitlines()
+        return f"the run ended with exit code {rec.returncode}. " + worker_errors(lines, limit=20)
+    return None
+
+
+def _baseline(settings: Settings, workdir: Path, train_root: Path, index: int, log: Log) -> float | None:
+    """One run of the unmodified starter on one worker: its images/s (None if it failed)."""
+    work = workdir / f"baseline-{index}"
+    ckpt = work / "checkpoints"
+    rec = runner.run_script(STARTER, work, workers=None, timeout=settings.time_budget_s,
+                            max_output_bytes=settings.max_output_bytes, args=("--epochs", str(settings.baseline_epochs)),
+                            env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt)},
+                            checkpoint_dir=ckpt)
+    if not rec.ok:
+        log(f"baseline run {index + 1} failed: {_run_failure(rec, settings)}")
+        return None
+    ckpts = _checkpoints(ckpt)
+    loaded = {k: load_checkpoint(p) for k, p in ckpts.items()}
+    value = run_throughput(rec, _images_per_epoch(ckpts, loaded))
+    shutil.rmtree(ckpt, ignore_errors=True)
+    log(f"baseline {index + 1}: the unmodified starter on one worker: "
+        + (f"{value:.1f} images/s" if value else "no throughput (fewer than 2 epochs)"))
+    return value
+
+
+def grade(
+    script: str | os.PathLike,
+    settings: Settings | None = None,
+    *,
+    args: Sequence[str] = (),
+    echo: bool = False,
+    log: Log | None = None,
+    workdir: str | os.PathLike | None = None,
+) -> GradeResult:
+    """Grade ``script`` under ``settings`` (default :func:`rules.settings`); see the module doc.
+
+    ``args`` are extra command-line arguments for the submission (tests only: the official
+    grading runs the script's defaults). ``echo`` streams the run's output live.
+    """
+    settings = settings or rules.settings()
+    log = log or (lambda _msg: None)
+    script_path = Path(script).resolve()
+    name = str(script)
+    problem = check_source(script_path)
+    if problem:
+        return _all_fail(name, settings, problem)
+
+    info = devices.detect()
+    measurements: dict[str, Any] = {
+        "workers": settings.workers, "mode": info.mode,
+        "hardware": f"{info.mode.upper()} mode, {info.cores} cores" + (f", {info.gpus} GPUs" if info.gpus else ""),
+    }
+    log("preparing the data (training set and the grader's held-out set)")
+    train_root, holdout = prepare_data(settings)
+    with tempfile.TemporaryDirectory(prefix="multigpu-grade-", dir=workdir) as tmp:
+        work = Path(tmp)
+        submission = work / "submission"
+        submission.mkdir()
+        shutil.copy(script_path, submission / "train.py")  # the script runs from a scratch copy
+        ckpt = submission / "checkpoints"
+
+        repeats = settings.baseline_repeats
+        before, after = (repeats + 1) // 2, repeats // 2
+        baselines: list[float | None] = [_baseline(settings, work, train_root, i, log) for i in range(before)]
+        log(f"running {script_path.name} on {settings.workers} workers (time budget {settings.time_budget_s:.0f} s)")
+        rec = runner.run_script(submission / "train.py", submission, workers=settings.workers,
+                                timeout=settings.time_budget_s, max_output_bytes=settings.max_output_bytes,
+                                args=args, echo=echo, checkpoint_dir=ckpt,
+                                env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt)})
+        measurements["run_s"] = round(rec.wall_s, 2)
+        baselines += [_baseline(settings, work, train_root, before + i, log) for i in range(after)]
+        measurements["baselines"] = [round(b, 2) for b in baselines if b]
+
+        criteria = _judge(rec, _checkpoints(ckpt), settings, train_root, holdout, measurements, log)
+    return GradeResult(name, settings, criteria, measurements)
+
+
+def _judge(
+    rec: runner.RunRecord,
+    ckpts: dict[tuple[int, int], Path],
+    settings: Settings,
+    train_root: Path,
+    holdout: Path,
+    m: dict[str, Any],
+    log: Log,
+) -> dict[str, Criterion]:
+    crit: dict[str, Criterion] = {}
+    n = settings.workers
+    failure = _run_failure(rec, settings)
+
+    # --- workers: a clean run, and a checkpoint from every rank for every epoch
+    ranks = {r for r, _ in ckpts}
+    epochs = sorted({e for _, e in ckpts})
+    missing_ranks = sorted(set(range(n)) - ranks)
+    extra_ranks = sorted(ranks - set(range(n)))
+    complete = [e for e in epochs if all((r, e) in ckpts for r in range(n))]
+    m["epochs"] = len(complete)
+    if ckpts and missing_ranks:  # the root cause first: an unconverted script saves as rank 0 only
+        also = f" The run also failed: {failure.splitlines()[0]}" if failure else ""
+        crit["workers"] = Criterion("workers", POINTS["workers"], False,
+                                    f"no checkpoint from rank {', '.join(map(str, missing_ranks))} of {n}: every "
+                                    "worker must save with its own hvd.rank() (did the script call hvd.init()? "
+                                    "an unconverted script runs 4 independent copies that all save as rank 0)." + also)
+    elif failure:
+        crit["workers"] = Criterion("workers", POINTS["workers"], False, failure)
+    elif not ckpts:
+        crit["workers"] = Criterion("workers", POINTS["workers"], False,
+                                    "the run left no checkpoint: call save_checkpoint(..., rank, indices) on every "
+                                    "rank at the end of every epoch")
+    elif extra_ranks:
+        crit["workers"] = Criterion("workers", POINTS["workers"], False,
+                                    f"checkpoints from rank(s) {extra_ranks} that do not exist in a {n}-worker run")
+    elif len(complete) != len(epochs) or epochs != list(range(1, len(epochs) + 1)):
+        gaps = [e for e in range(1, max(epochs) + 1) if e not in complete]
+        crit["workers"] = Criterion("workers", POINTS["workers"], False,
+                                    f"epoch(s) {gaps} lack a checkpoint from some rank: every rank saves every epoch")
+    else:
+        crit["workers"] = Criterion("workers", POINTS["workers"], True,
+                                    f"{n} workers ran {len(complete)} epochs in {rec.wall_s:.0f} s "
+                                    f"(budget {settings.time_budget_s:.0f} s), every rank saved every epoch")
+
+    # load what there is: complete epochs only (ranks of one epoch compared with each other)
+    loaded: dict[tuple[int, int], dict] = {}
+    load_error = ""
+    try:
+        for e in complete:
+            for r in range(n):
+                loaded[(r, e)] = load_checkpoint(ckpts[(r, e)])
+    except ValueError as err:
+        load_error = str(err)
+    nothing = load_error or ("no epoch has a checkpoint from all "
+                             f"{n} ranks, so there is nothing to compare" + (f" ({failure.splitlines()[0]})" if failure else ""))
+    usable = not load_error and bool(complete)
+
+    # --- identical weights
+    if not usable:
+        crit["identical"] = Criterion("identical", POINTS["identical"], False, nothing)
+    else:
+        worst = (0.0, "", 0, 0)
+        for e in complete:
+            for r in range(1, n):
+                d, where = state_difference(loaded[(0, e)]["model"], loaded[(r, e)]["model"])
+                if d > worst[0]:
+                    worst = (d, where, r, e)
+        m["max_weight_difference"] = worst[0] if math.isfinite(worst[0]) else "shape mismatch"
+        if worst[0] > IDENTICAL_TOL:
+            crit["identical"] = Criterion(
+                "identical", POINTS["identical"], False,
+                f"weights differ between rank 0 and rank {worst[2]} after epoch {worst[3]} (largest difference "
+                f"{worst[0]:.3g} in '{worst[1]}'): broadcast rank 0's parameters and optimizer state at the start "
+                "(hvd.broadcast_parameters, hvd.broadcast_optimizer_state) and average gradients with "
+                "hvd.DistributedOptimizer")
+        else:
+            crit["identical"] = Criterion("identical", POINTS["identical"], True,
+                                          f"all {n} ranks hold the same weights after each of {len(complete)} epochs")
+
+    # --- sharded data
+    train_size = len(data.JPEGFolder(train_root, None, split="train"))
+    padding = (-train_size) % n  # DistributedSampler repeats this many samples to even out the shards
+    if not usable:
+        crit["sharded"] = Criterion("sharded", POINTS["sharded"], False, nothing)
+    else:
+        problem = ""
+        for e in complete:
+            sets = [set(loaded[(r, e)]["indices"]) for r in range(n)]
+            counts = sum(len(s) for s in sets)
+            union = set().union(*sets)
+            shared = counts - len(union)
+            if any(i < 0 or i >= train_size for i in union):
+                problem = f"epoch {e}: indices outside the training set (0..{train_size - 1})"
+            elif shared > padding:
+                problem = (f"epoch {e}: {shared} samples were trained on by more than one rank: give each rank its "
+                           "own shard with DistributedSampler(num_replicas=hvd.size(), rank=hvd.rank()) and call "
+                           "sampler.set_epoch(epoch)")
+            elif len(union) < train_size:
+                problem = (f"epoch {e}: the ranks together trained on {len(union)} of {train_size} samples: "
+                           "every epoch must cover the training set")
+            if problem:
+                break
+        crit["sharded"] = Criterion("sharded", POINTS["sharded"], not problem, problem or
+                                    f"disjoint shards covering all {train_size} training samples in each of "
+                                    f"{len(complete)} epochs")
+
+    # --- accuracy on the grader's held-out set
+    if not usable:
+        crit["accuracy"] = Criterion("accuracy", POINTS["accuracy"], False, nothing)
+    else:
+        accs: list[float] = []
+        try:
+            for e in complete:
+                accs.append(holdout_accuracy(loaded[(0, e)]["model"], holdout))
+                log(f"epoch {e}: the grader measured {accs[-1]:.1%} on its held-out set")
+        except ValueError as err:
+            crit["accuracy"] = Criterion("accuracy", POINTS["accuracy"], False, str(err))
+        else:
+            k = settings.epochs_held
+            held = max((min(accs[i:i + k]) for i in range(len(accs) - k + 1)), default=None)
+            m["accuracy_per_epoch"] = [round(a, 4) for a in accs]
+            m["accuracy"] = round(accs[-1], 4)
+            m["accuracy_held"] = round(held, 4) if held is not None else None
+            per_epoch = ", ".join(f"{a:.1%}" for a in accs)
+            if held is None:
+                crit["accuracy"] = Criterion("accuracy", POINTS["accuracy"], False,
+                                             f"the grader measured {per_epoch} on its held-out set: it needs at least "
+                                             f"{k} epochs to see the accuracy held")
+            elif held >= settings.accuracy:
+                crit["accuracy"] = Criterion("accuracy", POINTS["accuracy"], True,
+                                             f"the grader measured {per_epoch} on its held-out set: {held:.1%} held "
+                                             f"for {k} epochs (A = {settings.accuracy:.0%})")
+            else:
+                crit["accuracy"] = Criterion(
+                    "accuracy", POINTS["accuracy"], False,
+                    f"the grader measured {per_epoch} on its held-out set; best held for {k} epochs: {held:.1%}, "
+                    f"below A = {settings.accuracy:.0%}. Tune the learning rate (scaled by hvd.size() after a "
+                    "warm-up), the per-worker batch size or the epochs; what the script prints is not used")
+
+    # --- throughput against the ideal measured in this grading run
+    images = _images_per_epoch(ckpts, loaded) if usable else {}
+    throughput = run_throughput(rec, images) if usable else None
+    baselines = m.get("baselines") or []
+    m["throughput"] = round(throughput, 2) if throughput else None
+    prerequisites = [c for c in ("workers", "identical", "sharded", "accuracy") if not crit[c].passed]
+    if not baselines:
+        crit["throughput"] = Criterion("throughput", POINTS["throughput"], False,
+                                       "not measured: no single-worker baseline in this grading "
+                                       f"(baseline_repeats={settings.baseline_repeats}, or the starter failed)")
+    elif throughput is None:
+        crit["throughput"] = Criterion("throughput", POINTS["throughput"], False,
+                                       "not measured: the run needs at least 2 complete epochs (the first is warm-up)")
+    else:
+        baseline = statistics.median(baselines)
+        ideal = devices.ideal_factor(n) * baseline
+        eff = throughput / ideal
+        m.update(baseline=round(baseline, 2), ideal=round(ideal, 2), efficiency=round(eff, 4))
+        figures = (f"{throughput:.1f} images/s on {n} workers = {eff:.2f} x ideal ({ideal:.1f} = "
+                   f"{devices.ideal_factor(n)} x {baseline:.1f} images/s of one worker, median of {len(baselines)}); "
+                   f"E = {settings.efficiency:.2f}")
+        if prerequisites:
+            crit["throughput"] = Criterion("throughput", POINTS["throughput"], False,
+                                           f"{figures}; not counted: the run failed {', '.join(prerequisites)} "
+                                           "(speed only counts for a run that trains correctly)")
+        elif eff >= settings.efficiency:
+            crit["throughput"] = Criterion("throughput", POINTS["throughput"], True, figures)
+        else:
+            crit["throughput"] = Criterion("throughput", POINTS["throughput"], False,
+                                           f"{figures}: too slow. Give each worker cores // workers threads, "
+                                           "a larger per-worker batch, and print/evaluate less often")
+    return crit

@@ -1,0 +1,222 @@
+"""Run an untrusted training script with hard bounds, and watch its checkpoints from outside.
+
+:func:`run_script` starts ``python script`` (or ``horovodrun -np N -H localhost:N python script``)
+in its own session and guarantees, whatever the script does:
+
+- it is killed at ``timeout`` seconds (``timed_out``);
+- it is killed once it has printed ``max_output_bytes`` (``output_exceeded``); only the last
+  :data:`TAIL_BYTES` are kept, for the error message;
+- no process it started outlives it: its process tree is tracked while it runs, and every
+  process that carries the job's token in its environment (even one that left the session with
+  ``setsid``) is killed when the job ends;
+- the moment each checkpoint file ``rank-<R>-epoch-<E>.pt`` appears is recorded by the grader's
+  clock (``epoch_times``), so throughput never depends on what the script claims.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+#: Bytes of output kept for messages (the end of it).
+TAIL_BYTES = 32_000
+#: Lines echoed live at most (the rest is counted, not shown).
+MAX_ECHO_LINES = 400
+#: How often the checkpoint folder is polled (seconds).
+POLL_S = 0.2
+#: Environment variable that marks every process of one job.
+TOKEN_VAR = "MULTIGPU_GRADING_JOB"
+
+CHECKPOINT = re.compile(r"^rank-(\d+)-epoch-(\d+)\.pt$")
+
+
+@dataclass
+class RunRecord:
+    """What one bounded run left behind, measured from outside."""
+
+    command: list[str]
+    returncode: int | None
+    wall_s: float
+    timed_out: bool = False
+    output_exceeded: bool = False
+    output_bytes: int = 0
+    tail: str = ""
+    #: (rank, epoch) -> seconds after the start when the checkpoint file was first seen
+    checkpoint_times: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: epoch -> seconds after the start when the last rank's checkpoint of it was first seen
+    epoch_times: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and not self.output_exceeded
+
+
+def _python_env(extra: dict[str, str] | None, token: str) -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])  # the multigpu package, importable by the script
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["MULTIGPU_PLAIN_PROGRESS"] = "1"
+    env[TOKEN_VAR] = token
+    bindir = str(Path(sys.executable).parent)  # horovodrun starts `python`: the course's own
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _descendants(pid: int) -> set[int]:
+    try:
+        return {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def _carries_token(proc: psutil.Process, token: str) -> bool:
+    try:
+        return proc.environ().get(TOKEN_VAR) == token
+    except (psutil.Error, OSError):
+        return False
+
+
+def kill_job(root_pid: int, token: str, known: set[int] = frozenset()) -> int:
+    """Kill the job's session, its known descendants and every process carrying ``token``.
+    Returns how many processes were signalled."""
+    victims: set[int] = set(known) | _descendants(root_pid)
+    try:
+        os.killpg(root_pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    me = os.getpid()
+    for p in psutil.process_iter():
+        if p.pid != me and p.pid not in victims and _carries_token(p, token):
+            victims.add(p.pid)
+    killed = 0
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
+
+
+def _scan(folder: Path | None, start: float, seen: dict[tuple[int, int], float]) -> None:
+    if folder is None or not folder.is_dir():
+        return
+    now = time.monotonic() - start
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        m = CHECKPOINT.match(name)
+        if m:
+            seen.setdefault((int(m.group(1)), int(m.group(2))), now)
+
+
+def run_script(
+    script: str | os.PathLike,
+    workdir: str | os.PathLike,
+    *,
+    workers: int | None,
+    timeout: float,
+    max_output_bytes: int,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    echo: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> RunRecord:
+    """Run ``script`` in ``workdir`` (created) with the bounds above.
+
+    ``workers=None`` runs one plain ``python script``; ``workers=N`` runs it under
+    ``horovodrun -np N -H localhost:N``. ``echo`` prints the output live (capped);
+    ``log`` receives one line when the run ends.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    bindir = Path(sys.executable).parent
+    command = [sys.executable, str(Path(script).resolve()), *map(str, args)]
+    if workers is not None:
+        horovodrun = bindir / "horovodrun"
+        command = [str(horovodrun) if horovodrun.exists() else "horovodrun",
+                   "-np", str(workers), "-H", f"localhost:{workers}", *command]
+    token = uuid.uuid4().hex
+    ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    start = time.monotonic()
+    proc = subprocess.Popen(command, cwd=workdir, env=_python_env(env, token), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    state = {"bytes": 0, "exceeded": False, "echoed": 0}
+    tail = bytearray()
+    lock = threading.Lock()
+
+    def pump() -> None:
+        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            with lock:
+                state["bytes"] += len(chunk)
+                tail.extend(chunk)
+                if len(tail) > 4 * TAIL_BYTES:
+                    del tail[: len(tail) - TAIL_BYTES]
+                if state["bytes"] > max_output_bytes:
+                    state["exceeded"] = True
+            if echo and state["echoed"] < MAX_ECHO_LINES:
+                text = chunk.decode(errors="replace")
+                sys.stdout.write(text if text.endswith("\n") else text + "\n")
+                sys.stdout.flush()
+                state["echoed"] += text.count("\n") or 1
+                if state["echoed"] >= MAX_ECHO_LINES:
+                    print(f"... more than {MAX_ECHO_LINES} lines of output: the rest is not shown", flush=True)
+            if state["exceeded"]:
+                break
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    seen: dict[tuple[int, int], float] = {}
+    known: set[int] = set()
+    timed_out = False
+    try:
+        while proc.poll() is None:
+            elapsed = time.monotonic() - start
+            if elapsed > timeout:
+                timed_out = True
+                break
+            if state["exceeded"]:
+                break
+            known |= _descendants(proc.pid)
+            _scan(ckpt, start, seen)
+            time.sleep(POLL_S)
+    finally:
+        _scan(ckpt, start, seen)
+        kill_job(proc.pid, token, known)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - uninterruptible sleep
+            pass
+        reader.join(timeout=2)
+    wall = time.monotonic() - start
+    epoch_times: dict[int, float] = {}
+    for (_, epoch), t in seen.items():
+        epoch_times[epoch] = max(t, epoch_times.get(epoch, 0.0))
+    with lock:
+        text = bytes(tail[-TAIL_BYTES:]).decode(errors="replace")
+        record = RunRecord(command=command, returncode=proc.returncode, wall_s=wall, timed_out=timed_out,
+                           output_exceeded=state["exceeded"] and not timed_out, output_bytes=state["bytes"],
+                           tail=text[-TAIL_BYTES:], checkpoint_times=dict(seen), epoch_times=epoch_times)
+    if log is not None:
+        how = ("timed out" if record.timed_out else "stopped: too much output" if record.output_exceeded
+               else f"exit code {record.returncode}")
+        log(f"{' '.join(command[:5])} ...: {how} after {wall:.1f} s")
+    return record

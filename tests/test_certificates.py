@@ -1,0 +1,145 @@
+"""Certificates: keys outside the repo, signed records that reveal any tampering, a PDF, certify."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from multigpu.grading import certificates as cert
+
+RESULT = {  # what GradeResult.to_dict() gives for a passing submission (abridged)
+    "passed": True, "score": 10, "max_score": 10,
+    "settings": {"profile": "cpu", "accuracy": 0.8, "time_budget_s": 900.0, "efficiency": 0.25, "epochs_held": 2,
+                 "workers": 4},
+    "measurements": {"accuracy": 0.91, "accuracy_held": 0.89, "throughput": 412.5, "efficiency": 0.52,
+                     "workers": 4, "hardware": "CPU mode, 2 cores"},
+}
+
+
+@pytest.fixture
+def key_pair(tmp_path):
+    private, public = cert.keygen(tmp_path / "keys" / "course-key")
+    return cert.load_private_key(private), public
+
+
+def issue(tmp_path, key, name="Zoë Dupont-Łukasiewicz"):
+    record = cert.make_record(name, "zoe", RESULT, labs={"score": 9, "max_score": 10, "required_fraction": 0.6})
+    return cert.issue(record, key, tmp_path / "out")
+
+
+def test_keygen_writes_a_private_key_only_its_owner_reads(tmp_path):
+    private, public = cert.keygen(tmp_path / "k" / "course-key")
+    assert private.stat().st_mode & 0o077 == 0, "the private key must not be readable by others"
+    assert public.read_text().startswith("ed25519 ")
+    assert b"PRIVATE KEY" in private.read_bytes() and b"PRIVATE" not in public.read_bytes()
+    with pytest.raises(FileExistsError):
+        cert.keygen(private)
+
+
+def test_keygen_refuses_a_path_inside_the_repository(repo):
+    with pytest.raises(ValueError, match="outside"):
+        cert.keygen(repo / "grading" / "course-key")
+
+
+def test_default_key_lives_outside_the_repository(monkeypatch, repo):
+    monkeypatch.delenv("MULTIGPU_COURSE_KEY", raising=False)
+    path = cert.default_key_path()
+    assert repo.resolve() not in path.resolve().parents
+
+
+def test_issued_certificate_verifies_and_states_the_measurements(tmp_path, key_pair):
+    key, public = key_pair
+    pdf, record = issue(tmp_path, key)
+    assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 5000
+    ok = cert.verify(record, public)
+    assert ok.pdf_checked
+    a = ok.record["assessment"]
+    assert ok.record["name"] == "Zoë Dupont-Łukasiewicz" and ok.record["course"] == cert.COURSE
+    assert (a["accuracy"], a["throughput_images_per_s"], a["efficiency"], a["hardware_mode"]) == (0.89, 412.5, 0.52, "cpu")
+    assert "VALID" in ok.summary()
+    assert cert.verify(pdf, public).record == ok.record  # the PDF's path works too
+
+
+@pytest.mark.parametrize("field,value", [("name", "Mallory"), ("issued", "1999-01-01")])
+def test_a_changed_record_fails_verification(tmp_path, key_pair, field, value):
+    key, public = key_pair
+    _, path = issue(tmp_path, key)
+    data = json.loads(path.read_text())
+    data["record"][field] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(cert.CertificateError, match="changed"):
+        cert.verify(path, public)
+
+
+def test_every_single_changed_byte_is_detected(tmp_path, key_pair):
+    key, public = key_pair
+    _, path = issue(tmp_path, key)
+    raw = path.read_bytes()
+    start = raw.index(b'"efficiency": 0.52') + len(b'"efficiency": 0.')
+    for pos in (start, start + 1):  # 0.52 -> 0.62 / 0.53
+        changed = bytearray(raw)
+        changed[pos] = ord("6") if raw[pos] != ord("6") else ord("7")
+        path.write_bytes(bytes(changed))
+        with pytest.raises(cert.CertificateError):
+            cert.verify(path, public)
+    path.write_bytes(raw)
+    cert.verify(path, public)
+
+
+def test_a_certificate_signed_with_another_key_fails(tmp_path, key_pair):
+    key, public = key_pair
+    other, _ = cert.keygen(tmp_path / "other" / "key")
+    _, path = issue(tmp_path, cert.load_private_key(other))
+    with pytest.raises(cert.CertificateError, match="different key"):
+        cert.verify(path, public)
+
+
+def test_a_changed_pdf_fails_verification(tmp_path, key_pair):
+    key, public = key_pair
+    pdf, path = issue(tmp_path, key)
+    pdf.write_bytes(pdf.read_bytes().replace(b"Certificate", b"Certificatf", 1) + b"\n")
+    with pytest.raises(cert.CertificateError, match="PDF|pdf"):
+        cert.verify(path, public)
+
+
+def test_garbage_is_not_a_certificate(tmp_path, key_pair):
+    _, public = key_pair
+    bad = tmp_path / "x.json"
+    bad.write_text("{not json")
+    with pytest.raises(cert.CertificateError, match="not a certificate"):
+        cert.verify(bad, public)
+
+
+def test_certify_issues_only_to_students_who_passed_both_parts(tmp_path, key_pair):
+    from nbgrader.api import Gradebook
+
+    key, public = key_pair
+    url = f"sqlite:///{tmp_path / 'gradebook.db'}"
+    people = {  # student: (assessment points of 10, lab points of 10, grader result passed)
+        "ada": (10, 8, True), "bob": (7, 10, False), "cy": (10, 3, True), "dee": (10, 10, False),
+    }
+    with Gradebook(url) as gb:
+        for assignment, nb, cell in (("assessments", "assessment", "t1"), ("notebooks", "01-lab", "t2")):
+            gb.add_assignment(assignment)
+            gb.add_notebook(nb, assignment)
+            gb.add_grade_cell(cell, nb, assignment, max_score=10, cell_type="code")
+        for sid, (a, lab, _) in people.items():
+            gb.add_student(sid, first_name=sid.capitalize(), last_name="Test")
+            for assignment, nb, cell, pts in (("assessments", "assessment", "t1", a), ("notebooks", "01-lab", "t2", lab)):
+                gb.add_submission(assignment, sid)
+                grade = gb.find_grade(cell, nb, assignment, sid)
+                grade.auto_score = pts
+                gb.db.commit()
+    autograded = tmp_path / "autograded"
+    for sid, (_, _, passed) in people.items():
+        d = autograded / sid / "assessments"
+        d.mkdir(parents=True)
+        (d / cert.RESULT_FILE).write_text(json.dumps(dict(RESULT, passed=passed)))
+    decisions = {d.student: d for d in cert.certify(url, autograded, tmp_path / "certs", key=key)}
+    assert [s for s, d in decisions.items() if d.certified] == ["ada"], {s: d.reason for s, d in decisions.items()}
+    assert "not passed" in decisions["bob"].reason and "labs" in decisions["cy"].reason
+    assert "grader" in decisions["dee"].reason
+    json_file = next(f for f in decisions["ada"].files if f.suffix == ".json")
+    assert cert.verify(json_file, public).record["name"] == "Ada Test"
