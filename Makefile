@@ -28,6 +28,8 @@ help:
 	@echo "make clean-notebooks strip outputs and volatile metadata (check-notebooks only checks)"
 	@echo "make lab-instructor  JupyterLab with the nbgrader formgrader on solutions/"
 	@echo "make test-browser    end-to-end test of the learner view in headless Chromium (make browser-deps installs it)"
+	@echo "make bench           speed, scaling efficiency and grading cost against their targets (bench/results.md)"
+	@echo "make grade-me        the official grader's verdict on assessments/train.py"
 	@echo "instructor: make collect SUBMISSIONS=dir|zip, autograde, feedback, grades, certificates"
 
 # ---------------------------------------------------------------------------------- environment
@@ -130,6 +132,11 @@ certificates: $(STAMP)
 
 calibrate: $(STAMP)
 	$(BIN)/multigpu calibrate
+
+# performance figures against their targets: bench/results.md and bench/results.json (~20 min;
+# make bench BENCH_ARGS="--quick --only pipeline scaling" for a 2-minute look)
+bench: $(STAMP)
+	$(PY) -m multigpu.bench $(BENCH_ARGS)
 
 clean:
 	rm -rf grading/submitted grading/autograded grading/feedback .pytest_cache

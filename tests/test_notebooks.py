@@ -38,6 +38,7 @@ def test_solution_notebook_runs_top_to_bottom(notebook, tmp_path):
         kernel_name="python3",
         progress_bar=False,
         request_save_on_cell_execute=False,
+        execution_timeout=900,  # a cell that hangs (a stuck kernel) fails instead of stalling CI
     )
     mode = "quick" if os.environ.get("MULTIGPU_QUICK", "") not in ("", "0") else "full"
     print(f"{notebook.name}: {time.perf_counter() - start:.0f} s ({mode} parameters)")
