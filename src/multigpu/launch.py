@@ -16,6 +16,7 @@ cannot flood a notebook.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import shutil
@@ -27,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,12 +81,14 @@ def _bin(name: str) -> str:
     return found
 
 
-def _dump_job(path: Path, fn: Callable[..., Any], args: Sequence[Any], backend: str | None) -> None:
-    """Pickle the job. Functions from modules the workers cannot import (a test file, a script
-    run from elsewhere) travel by value, like functions defined in a notebook."""
+@contextlib.contextmanager
+def pickled_by_value(fn: Any) -> Iterator[None]:
+    """Let ``fn`` travel to the workers by value when its module is not importable there (a
+    test file, a script run from elsewhere), like functions defined in a notebook."""
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
     by_value = (
-        module is not None
+        fn is not None
+        and module is not None
         and module.__name__ != "__main__"
         and not module.__name__.startswith("multigpu")
         and "site-packages" not in (getattr(module, "__file__", "") or "site-packages")
@@ -93,11 +96,16 @@ def _dump_job(path: Path, fn: Callable[..., Any], args: Sequence[Any], backend: 
     if by_value:
         cloudpickle.register_pickle_by_value(module)
     try:
-        with open(path, "wb") as f:
-            cloudpickle.dump((fn, tuple(args), backend), f)
+        yield
     finally:
         if by_value:
             cloudpickle.unregister_pickle_by_value(module)
+
+
+def _dump_job(path: Path, fn: Callable[..., Any], args: Sequence[Any], backend: str | None) -> None:
+    """Pickle the job (``fn`` by value when the workers could not import it)."""
+    with pickled_by_value(fn), open(path, "wb") as f:
+        cloudpickle.dump((fn, tuple(args), backend), f)
 
 
 def _pythonpath_env(extra: dict[str, str] | None) -> dict[str, str]:

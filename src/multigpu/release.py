@@ -24,8 +24,7 @@ import zipfile
 from pathlib import Path
 
 from multigpu import nbtools
-
-RESULT_FILE = "grading-result.json"  # multigpu.grading.grader.RESULT_FILE (not imported: torch-free)
+from multigpu.grading.rules import RESULT_FILE
 
 ASSIGNMENTS = ("notebooks", "assessments")
 REPO = Path(__file__).resolve().parents[2]

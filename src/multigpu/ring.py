@@ -18,10 +18,9 @@ bytes whatever N is, against ``2(N-1) * B`` through the central node of a parame
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -122,31 +121,6 @@ def ring_allreduce(tensor: torch.Tensor, group: Any = None) -> int:
 
 
 # --------------------------------------------------------------------------- checking
-
-
-@contextlib.contextmanager
-def _by_value(fn: Any) -> Iterator[None]:
-    """Let ``fn`` travel to the workers by value when its module is not importable there (a
-    test file); :func:`multigpu.launch.run` does this for its own ``fn``, not for arguments."""
-    import sys
-
-    import cloudpickle
-
-    module = sys.modules.get(getattr(fn, "__module__", "") or "")
-    by_value = (
-        fn is not None
-        and module is not None
-        and module.__name__ != "__main__"
-        and not module.__name__.startswith("multigpu")
-        and "site-packages" not in (getattr(module, "__file__", "") or "site-packages")
-    )
-    if by_value:
-        cloudpickle.register_pickle_by_value(module)
-    try:
-        yield
-    finally:
-        if by_value:
-            cloudpickle.unregister_pickle_by_value(module)
 
 
 def _tensor_for(rank: int, numel: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
@@ -289,7 +263,7 @@ def check_allreduce(
 
     ns = [workers] if isinstance(workers, int) else list(workers)
     sizes = list(sizes)
-    with _by_value(fn):
+    with launch.pickled_by_value(fn):
         per_rank = launch.run(
             _check_worker, max(ns), args=(fn, ns, sizes, seed, forbid_collectives), timeout=timeout,
             backend="gloo", threads=1, echo=echo,
@@ -371,7 +345,7 @@ def compare_with_gloo(
     from . import launch
 
     ns = [workers] if isinstance(workers, int) else list(workers)
-    with _by_value(fn):
+    with launch.pickled_by_value(fn):
         per_rank = launch.run(
             _bench_worker, max(ns), args=(fn, ns, list(sizes), repeats), timeout=timeout, backend="gloo",
             threads=1, echo=False,

@@ -30,7 +30,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from multigpu.grading.grader import REPO, RESULT_FILE
+from multigpu.grading.grader import REPO
+from multigpu.grading.rules import RESULT_FILE
 
 COURSE = "Training Deep Learning Models on Multiple GPUs"
 FORMAT = "multigpu-certificate/1"

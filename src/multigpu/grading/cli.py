@@ -25,9 +25,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
     print(settings.describe(), flush=True)
     result = grader.grade(script, settings, echo=args.echo, log=lambda m: print(m, flush=True))
     print(result.report())
-    out = grader.save_result(result, (script.parent / grader.RESULT_FILE) if args.save else args.json) \
-        if (args.save or args.json) else None
-    if out:
+    if args.save or args.json:
+        out = grader.save_result(result, args.json or script.parent / grader.RESULT_FILE)
         print(f"result written to {out}")
     return 0 if result.passed else 1
 

@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from multigpu import data, devices, models
+from multigpu import data, devices, models, train
 from multigpu.grading import rules, runner
-from multigpu.grading.rules import Settings
+from multigpu.grading.rules import RESULT_FILE, Settings
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -47,8 +47,6 @@ STARTER = HERE / "starter.py"
 REFERENCE = REPO / "solutions" / "assessments" / "train.py"
 #: Broken variants the calibration must fail (test fixtures).
 FIXTURES = REPO / "tests" / "fixtures" / "assessment"
-#: Where the notebook's grading cell saves the result (next to the notebook); certificates read it.
-RESULT_FILE = "grading-result.json"
 
 #: Criterion -> points. A submission passes with all of them.
 POINTS: dict[str, int] = {"workers": 2, "identical": 2, "sharded": 2, "accuracy": 3, "throughput": 1}
@@ -238,14 +236,8 @@ def holdout_accuracy(state: dict[str, torch.Tensor], holdout: Path) -> float:
                          f"({', '.join(models.MODELS)}) with {len(classes)} classes")
     model, name = fitted
     dataset = data.JPEGFolder(holdout, data.val_transform(models.default_image_size(name)), split="val")
-    loader = data.make_loader(dataset, 256)
-    model.eval()
-    correct = total = 0
-    with torch.no_grad():
-        for images, labels in loader:
-            correct += int((model(images).argmax(1) == labels).sum())
-            total += labels.numel()
-    return correct / max(total, 1)
+    _, accuracy = train.evaluate(model, data.make_loader(dataset, 256))
+    return accuracy
 
 
 # ----------------------------------------------------------------------------- the grading
@@ -260,7 +252,8 @@ def prepare_data(settings: Settings, progress: bool = False) -> tuple[Path, Path
     return train, holdout
 
 
-def _images_per_epoch(ckpts: dict[tuple[int, int], Path], loaded: dict[tuple[int, int], dict]) -> dict[int, int]:
+def _images_per_epoch(loaded: dict[tuple[int, int], dict]) -> dict[int, int]:
+    """Samples trained on per epoch, all ranks together, from the loaded checkpoints."""
     out: dict[int, int] = {}
     for (_, epoch), c in loaded.items():
         out[epoch] = out.get(epoch, 0) + len(c["indices"])
@@ -295,9 +288,8 @@ def _baseline(settings: Settings, workdir: Path, train_root: Path, index: int, l
     if not rec.ok:
         log(f"baseline run {index + 1} failed: {_run_failure(rec, settings)}")
         return None
-    ckpts = _checkpoints(ckpt)
-    loaded = {k: load_checkpoint(p) for k, p in ckpts.items()}
-    value = run_throughput(rec, _images_per_epoch(ckpts, loaded))
+    loaded = {k: load_checkpoint(p) for k, p in _checkpoints(ckpt).items()}
+    value = run_throughput(rec, _images_per_epoch(loaded))
     shutil.rmtree(ckpt, ignore_errors=True)
     log(f"baseline {index + 1}: the unmodified starter on one worker: "
         + (f"{value:.1f} images/s" if value else "no throughput (fewer than 2 epochs)"))
@@ -496,7 +488,7 @@ def _judge(
                     "warm-up), the per-worker batch size or the epochs; what the script prints is not used")
 
     # --- throughput against the ideal measured in this grading run
-    images = _images_per_epoch(ckpts, loaded) if usable else {}
+    images = _images_per_epoch(loaded) if usable else {}
     throughput = run_throughput(rec, images) if usable else None
     baselines = m.get("baselines") or []
     m["throughput"] = round(throughput, 2) if throughput else None

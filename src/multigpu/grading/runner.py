@@ -63,16 +63,11 @@ class RunRecord:
 
 
 def _python_env(extra: dict[str, str] | None, token: str) -> dict[str, str]:
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])  # the multigpu package, importable by the script
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    env["MULTIGPU_PLAIN_PROGRESS"] = "1"
+    """The workers' environment of :mod:`multigpu.launch`, marked with the job's token."""
+    from multigpu import launch
+
+    env = launch._pythonpath_env(extra)
     env[TOKEN_VAR] = token
-    bindir = str(Path(sys.executable).parent)  # horovodrun starts `python`: the course's own
-    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
-    if extra:
-        env.update({k: str(v) for k, v in extra.items()})
     return env
 
 
@@ -147,12 +142,11 @@ def run_script(
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    bindir = Path(sys.executable).parent
     command = [sys.executable, str(Path(script).resolve()), *map(str, args)]
     if workers is not None:
-        horovodrun = bindir / "horovodrun"
-        command = [str(horovodrun) if horovodrun.exists() else "horovodrun",
-                   "-np", str(workers), "-H", f"localhost:{workers}", *command]
+        from multigpu import launch
+
+        command = [launch._bin("horovodrun"), "-np", str(workers), "-H", f"localhost:{workers}", *command]
     token = uuid.uuid4().hex
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
     start = time.monotonic()
