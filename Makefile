@@ -112,15 +112,16 @@ course: $(STAMP)
 collect: $(STAMP)
 	$(PY) -m multigpu.release --collect $(SUBMISSIONS)
 
+# only the assignments solutions/ holds (the assessment notebook waits in solutions/pending/)
+ASSIGNMENTS = $$($(PY) -c "from multigpu.release import present_assignments; print(*present_assignments())")
+
 autograde: $(STAMP)
 	$(PY) -m multigpu.release --gradebook
-	$(BIN)/nbgrader autograde notebooks
-	$(BIN)/nbgrader autograde assessments
+	@for a in $(ASSIGNMENTS); do echo "nbgrader autograde $$a"; $(BIN)/nbgrader autograde $$a || exit 1; done
 	@echo "autograded copies in grading/autograded/, scores in grading/gradebook.db"
 
 feedback: $(STAMP)
-	$(BIN)/nbgrader generate_feedback notebooks
-	$(BIN)/nbgrader generate_feedback assessments
+	@for a in $(ASSIGNMENTS); do echo "nbgrader generate_feedback $$a"; $(BIN)/nbgrader generate_feedback $$a || exit 1; done
 	@echo "feedback (HTML per student and notebook) in grading/feedback/"
 
 grades: $(STAMP)
