@@ -9,13 +9,27 @@ from multigpu import models
 
 
 def test_alexnet_parameter_count():
-    m = models.AlexNet(num_classes=1000)
+    m = models.AlexNet(num_classes=1000, batch_norm=False)  # the 2012 network
     c = models.count_parameters(m)
     assert c["total"] == models.ALEXNET_PARAMETERS_1000 == 61_100_840
-    assert 61_000_000 <= c["total"] <= 63_000_000
     assert c["conv"] == 2_469_696 and c["fc"] == 58_631_144 and c["other"] == 0
     assert c["fc"] / c["total"] > 0.95, "AlexNet's parameters are mostly fully connected"
-    assert models.count_parameters(models.build_model("alexnet", 10))["total"] == 57_044_810
+    assert models.count_parameters(models.build_model("alexnet", 10, batch_norm=False))["total"] == 57_044_810
+    bn = models.count_parameters(models.AlexNet(num_classes=1000))  # the default: batch norm after each conv
+    assert bn["other"] == models.ALEXNET_BN_PARAMETERS == 2 * (64 + 192 + 384 + 256 + 256)
+    assert bn["total"] == c["total"] + models.ALEXNET_BN_PARAMETERS
+
+
+def test_batch_norm_follows_every_conv_and_linear_layers_keep_default_init():
+    for m in (models.AlexNetSmall(), models.AlexNet(num_classes=10)):
+        layers = list(m.features)
+        convs = [i for i, l in enumerate(layers) if isinstance(l, torch.nn.Conv2d)]
+        assert all(isinstance(layers[i + 1], torch.nn.BatchNorm2d) for i in convs)
+        assert not any(isinstance(l, torch.nn.BatchNorm2d) for l in type(m)(batch_norm=False).modules())
+    torch.manual_seed(0)
+    fc = models.AlexNetSmall().classifier[1]
+    bound = 1 / fc.in_features ** 0.5  # PyTorch's default: uniform in +-1/sqrt(fan_in)
+    assert fc.weight.abs().max() <= bound and fc.weight.abs().max() > 0.9 * bound
 
 
 def test_alexnet_forward_224():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from multigpu import launch, paramserver
+from multigpu import launch, models, paramserver
 
 
 def test_flat_gradient_round_trip():
@@ -42,7 +42,7 @@ def test_scaling_run_reports_every_worker_count_with_the_expected_traffic():
     rows = paramserver.measure_ps_scaling((1, 2, 4), cfg, timeout=150)
     assert [r["workers"] for r in rows] == [1, 2, 4]
     g = rows[0]["gradient_bytes"]
-    assert g == 5_646_026 * 4
+    assert g == models.ALEXNET_SMALL_PARAMETERS_10 * 4
     for r in rows:
         assert r["central_bytes"] == 2 * (r["workers"] - 1) * g
         assert r["checksums_equal"], "every rank must end with the same parameters"

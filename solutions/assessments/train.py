@@ -31,10 +31,11 @@ from torch.utils.data import Dataset, DistributedSampler
 from multigpu import data, devices, models
 
 # The hyperparameters chosen for 4 workers (the grader runs the defaults).
-EPOCHS = 5
+EPOCHS = 4  # 3 would reach the accuracy once; the rule wants it held for 2 epochs
 BATCH = 32  # per worker: a global batch of 128 on 4 workers
 LR = 0.01  # of one worker; the 4-worker rate is 4 x LR after the warm-up
 WARMUP = 1.0
+DECAY = 1  # the last epoch at a tenth of the rate
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,6 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=EPOCHS, help="passes over the training data")
     p.add_argument("--batch-size", type=int, default=BATCH, help="images per step PER WORKER")
     p.add_argument("--lr", type=float, default=LR, help="learning rate of one worker (scaled by workers)")
+    p.add_argument("--decay-epochs", type=int, default=DECAY, help="the last N epochs run at a tenth of the rate")
     p.add_argument("--warmup-epochs", type=float, default=WARMUP,
                    help="epochs to ramp the learning rate from --lr to --lr x workers")  # Horovod
     p.add_argument("--momentum", type=float, default=0.9)
@@ -129,9 +131,10 @@ def main(argv: list[str] | None = None) -> None:
     target_lr = args.lr * workers  # Horovod: the global batch is `workers` times larger
 
     def learning_rate(epoch: float) -> float:  # Horovod: linear scaling with gradual warm-up
+        decay = 0.1 if epoch >= args.epochs - args.decay_epochs else 1.0
         if args.warmup_epochs > 0 and epoch < args.warmup_epochs:
-            return args.lr + (target_lr - args.lr) * epoch / args.warmup_epochs
-        return target_lr
+            return decay * (args.lr + (target_lr - args.lr) * epoch / args.warmup_epochs)
+        return decay * target_lr
 
     for epoch in range(1, args.epochs + 1):
         model.train()

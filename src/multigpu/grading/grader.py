@@ -22,6 +22,7 @@ Each criterion gets its points or zero, with a message that says what failed and
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -183,6 +184,27 @@ def state_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
         if d > worst:
             worst, where = d, name
     return worst, where
+
+
+def weights_only(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The trainable weights of a state dict, without buffers.
+
+    BatchNorm's running statistics are buffers each rank computes from its own shard (Horovod
+    averages gradients, not buffers), so they differ between correct ranks; the weights must not.
+    A state dict that fits none of the course's models is returned whole.
+    """
+    for name in models.MODELS:
+        weights, buffers = _state_names(name)
+        if set(state) == weights | buffers:
+            return {k: v for k, v in state.items() if k in weights}
+    return state
+
+
+@functools.lru_cache(maxsize=None)
+def _state_names(model_name: str) -> tuple[frozenset[str], frozenset[str]]:
+    """Names of the parameters and of the buffers of a course model (they do not depend on classes)."""
+    model = models.build_model(model_name, num_classes=2)
+    return frozenset(n for n, _ in model.named_parameters()), frozenset(n for n, _ in model.named_buffers())
 
 
 def run_throughput(record: runner.RunRecord, images: dict[int, int]) -> float | None:
@@ -412,7 +434,7 @@ def _judge(
         worst = (0.0, "", 0, 0)
         for e in complete:
             for r in range(1, n):
-                d, where = state_difference(loaded[(0, e)]["model"], loaded[(r, e)]["model"])
+                d, where = state_difference(weights_only(loaded[(0, e)]["model"]), weights_only(loaded[(r, e)]["model"]))
                 if d > worst[0]:
                     worst = (d, where, r, e)
         m["max_weight_difference"] = worst[0] if math.isfinite(worst[0]) else "shape mismatch"

@@ -38,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=3, help="passes over the training data")
     p.add_argument("--batch-size", type=int, default=64, help="images per step")
     p.add_argument("--lr", type=float, default=0.02, help="learning rate (SGD with momentum)")
+    p.add_argument("--decay-epochs", type=int, default=1, help="the last N epochs run at a tenth of --lr")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--model", default="alexnet_small", help="alexnet_small (CPU default) or alexnet")
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
 
     for epoch in range(1, args.epochs + 1):
         model.train()
+        for group in optimizer.param_groups:  # a tenth of the rate for the last epochs: settles the weights
+            group["lr"] = args.lr * (0.1 if epoch > args.epochs - args.decay_epochs else 1.0)
         trained_on: list[int] = []
         for images, labels, index in train_loader:
             images, labels = images.to(device), labels.to(device)

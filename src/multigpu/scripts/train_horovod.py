@@ -142,8 +142,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def checksum(model) -> float:
-    """Sum of all weights in float64: equal on every rank when the ranks train as one model."""
-    return float(sum(p.detach().double().sum() for p in model.state_dict().values() if p.is_floating_point()))
+    """Sum of all trainable weights in float64: equal on every rank when the ranks train as one model.
+
+    Buffers are left out: BatchNorm's running statistics are each rank's own (Horovod averages
+    gradients, not buffers), so they differ between ranks even when the weights are identical.
+    """
+    return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
 def _accept_set_to_none(optimizer) -> None:
