@@ -112,7 +112,7 @@ course: $(STAMP)
 collect: $(STAMP)
 	$(PY) -m multigpu.release --collect $(SUBMISSIONS)
 
-# only the assignments solutions/ holds (the assessment notebook waits in solutions/pending/)
+# the assignments solutions/ holds (labs and assessment)
 ASSIGNMENTS = $$($(PY) -c "from multigpu.release import present_assignments; print(*present_assignments())")
 
 autograde: $(STAMP)

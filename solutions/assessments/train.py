@@ -31,11 +31,11 @@ from torch.utils.data import Dataset, DistributedSampler
 from multigpu import data, devices, models
 
 # The hyperparameters chosen for 4 workers (the grader runs the defaults).
-EPOCHS = 4  # 3 would reach the accuracy once; the rule wants it held for 2 epochs
+EPOCHS = 5  # epochs 4 and 5 must both pass A: two at a tenth of the rate settle them
 BATCH = 32  # per worker: a global batch of 128 on 4 workers
 LR = 0.01  # of one worker; the 4-worker rate is 4 x LR after the warm-up
 WARMUP = 1.0
-DECAY = 1  # the last epoch at a tenth of the rate
+DECAY = 2  # the last 2 epochs at a tenth of the rate: the accuracy the rule wants held, held
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
