@@ -26,6 +26,7 @@ from torch import nn
 
 from .meters import AverageMeter, ThroughputMeter
 from .models import CPU_IMAGE_SIZE
+from .schedules import constant, step_decay
 from .notebook import progress as _progress
 
 Average = Callable[[float, str], float]
@@ -70,15 +71,12 @@ def reference_setup() -> TrainConfig:
 
 
 def reference_schedule(
-    lr: float | None = None, epochs: int | None = None, config: TrainConfig = REFERENCE,
-    schedule: Callable[[float], float] | None = None,
+    lr: float | None = None, epochs: int | None = None, config: TrainConfig = REFERENCE
 ) -> Callable[[float], float]:
-    """The reference learning rate over ``epochs``: ``schedule`` (default: constant ``lr``), times
-    ``config.decay_factor`` for the last ``config.decay_epochs`` epochs."""
-    from .schedules import constant, step_decay
-
+    """The reference learning rate over ``epochs``: constant ``lr``, times ``config.decay_factor``
+    for the last ``config.decay_epochs`` epochs."""
     epochs = epochs or config.epochs
-    base = schedule or constant(config.lr if lr is None else lr)
+    base = constant(config.lr if lr is None else lr)
     return step_decay(base, max(epochs - config.decay_epochs, 0), config.decay_factor)
 
 
