@@ -13,7 +13,7 @@ SUBMISSIONS ?= submissions
 # the venv's tools first (nbgrader calls `alembic`, notebooks call `horovodrun`)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup lab lab-instructor test test-fast data info release check-release \
+.PHONY: sandbox-deps help setup lab lab-instructor test test-fast data info release check-release \
         clean-notebooks check-notebooks course bench calibrate collect autograde feedback \
         grades certificates grade-me clean browser-deps test-browser
 
@@ -37,6 +37,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml tools/install_horovod.sh tools/horovod-0.28.1-cxx17.patch
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (or make setup PYTHON=/path/to/python3.11)"; exit 1; }
+	@$(MAKE) --no-print-directory sandbox-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install --quiet --disable-pip-version-check -e .
@@ -74,6 +75,16 @@ test: $(STAMP) browser-deps
 
 test-fast: $(STAMP)
 	MULTIGPU_QUICK=1 $(PY) -m pytest -m "not slow"
+
+# the grading sandbox (multigpu.grading.sandbox): Debian's bubblewrap; without it grading still
+# gives learners a verdict, marked unsandboxed, but certificates are refused
+sandbox-deps:
+	@if ! command -v bwrap >/dev/null; then \
+	    if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+	    echo "installing bubblewrap (apt-get) for the grading sandbox"; \
+	    { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq bubblewrap >/dev/null; } \
+	    || echo "could not install bubblewrap (needs root or passwordless sudo): grading runs unsandboxed, no certificates"; \
+	fi
 
 # the browser test (tests/test_browser.py): Debian's chromium (no browser download) + playwright
 CHROMIUM ?= /usr/bin/chromium
@@ -115,10 +126,14 @@ collect: $(STAMP)
 # the assignments solutions/ holds (labs and assessment)
 ASSIGNMENTS = $$($(PY) -c "from multigpu.release import present_assignments; print(*present_assignments())")
 
+# nbgrader runs the labs; the assessment's grade is the official, sandboxed grading of each train.py
+# (multigpu grade-submissions), which replaces whatever the assessment notebook did in its kernel
 autograde: $(STAMP)
 	$(PY) -m multigpu.release --gradebook
-	@for a in $(ASSIGNMENTS); do echo "nbgrader autograde $$a"; $(BIN)/nbgrader autograde $$a || exit 1; done
-	@echo "autograded copies in grading/autograded/, scores in grading/gradebook.db"
+	@for a in $(ASSIGNMENTS); do echo "nbgrader autograde $$a"; \
+	    MULTIGPU_OFFICIAL_GRADING=1 $(BIN)/nbgrader autograde $$a || exit 1; done
+	$(BIN)/multigpu grade-submissions
+	@echo "autograded copies in grading/autograded/, scores in grading/gradebook.db, assessment results in grading/results/"
 
 feedback: $(STAMP)
 	@for a in $(ASSIGNMENTS); do echo "nbgrader generate_feedback $$a"; $(BIN)/nbgrader generate_feedback $$a || exit 1; done

@@ -117,8 +117,9 @@ def test_certify_issues_only_to_students_who_passed_both_parts(tmp_path, key_pai
 
     key, public = key_pair
     url = f"sqlite:///{tmp_path / 'gradebook.db'}"
-    people = {  # student: (assessment points of 10, lab points of 10, grader result passed)
+    people = {  # student: (assessment points of 10, lab points of 10, official result passed)
         "ada": (10, 8, True), "bob": (7, 10, False), "cy": (10, 3, True), "dee": (10, 10, False),
+        "eve": (10, 10, True), "fay": (10, 10, None),
     }
     with Gradebook(url) as gb:
         for assignment, nb, cell in (("assessments", "assessment", "t1"), ("notebooks", "01-lab", "t2")):
@@ -132,14 +133,21 @@ def test_certify_issues_only_to_students_who_passed_both_parts(tmp_path, key_pai
                 grade = gb.find_grade(cell, nb, assignment, sid)
                 grade.auto_score = pts
                 gb.db.commit()
-    autograded = tmp_path / "autograded"
+    grading = tmp_path  # the course's grading folder: gradebook.db, results/, autograded/
     for sid, (_, _, passed) in people.items():
-        d = autograded / sid / "assessments"
+        # what a learner's notebook kernel could write: a forged passing result next to the notebook
+        d = grading / "autograded" / sid / "assessments"
         d.mkdir(parents=True)
-        (d / cert.RESULT_FILE).write_text(json.dumps(dict(RESULT, passed=passed)))
-    decisions = {d.student: d for d in cert.certify(url, autograded, tmp_path / "certs", key=key)}
+        (d / "grading-result.json").write_text(json.dumps(dict(RESULT, passed=True, sandboxed=True)))
+        if passed is not None:  # the official result, from the grader's own sandboxed run
+            (grading / "results").mkdir(exist_ok=True)
+            (grading / "results" / f"{sid}.json").write_text(
+                json.dumps(dict(RESULT, passed=passed, sandboxed=sid != "eve")))
+    decisions = {d.student: d for d in cert.certify(url, grading, tmp_path / "certs", key=key)}
     assert [s for s, d in decisions.items() if d.certified] == ["ada"], {s: d.reason for s, d in decisions.items()}
     assert "not passed" in decisions["bob"].reason and "labs" in decisions["cy"].reason
-    assert "grader" in decisions["dee"].reason
+    assert "official result does not say passed" in decisions["dee"].reason
+    assert "sandbox" in decisions["eve"].reason, "an unsandboxed grading never certifies"
+    assert "no official result" in decisions["fay"].reason, "a file the notebook wrote is never read"
     json_file = next(f for f in decisions["ada"].files if f.suffix == ".json")
     assert cert.verify(json_file, public).record["name"] == "Ada Test"

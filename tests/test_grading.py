@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from multigpu.grading import certificates, grader, rules, runner
+from multigpu.grading import certificates, grader, rules, runner, sandbox, variants
 
 FIX = grader.FIXTURES
 QUICK = rules.QUICK
@@ -180,10 +180,46 @@ def test_a_flood_of_output_is_graded_within_bounded_time():
     assert result.score == 0
 
 
+def test_identical_weights_on_the_scripts_word_do_not_count_without_averaged_gradients(tmp_path):
+    """Each rank trains alone on its shard (no DistributedOptimizer) and broadcasts rank 0's
+    weights just before every save: identical checkpoints, disjoint shards, no data parallelism."""
+    script = variants.write("never_averaged", grader.REFERENCE, tmp_path / "train.py")
+    result = grader.grade(script, BROKEN_SETTINGS, args=TWO_EPOCHS)
+    print(result.report())
+    assert result.ok("workers"), result.message("workers")
+    if not result.sandboxed:
+        pytest.skip(f"the gradient traffic is counted in the sandbox only: {sandbox.unavailable()}")
+    c = result.criteria["identical"]
+    assert not c.passed and "all-reduce" in c.message and "DistributedOptimizer" in c.message, c.message
+    assert not result.ok("sharded") and "not counted" in result.criteria["sharded"].message
+    assert result.measurements["gradient_allreduces_per_epoch"] < rules.MIN_ALLREDUCES_PER_EPOCH
+
+
+def test_saving_on_rank_0_only_gets_its_own_message(tmp_path):
+    script = variants.write("rank0_saves_only", grader.REFERENCE, tmp_path / "train.py")
+    result = grader.grade(script, BROKEN_SETTINGS, args=("--epochs", "1"))
+    c = result.criteria["workers"]
+    assert not c.passed and "only rank 0 saved" in c.message and "EVERY rank" in c.message, c.message
+
+
+def test_every_variant_edit_applies_to_the_reference(tmp_path):
+    for name in variants.EDITS:
+        text = variants.write(name, grader.REFERENCE, tmp_path / f"{name}.py").read_text()
+        compile(text, name, "exec")
+        assert text != grader.REFERENCE.read_text()
+
+
+def test_noisy_baselines_give_no_throughput_verdict():
+    assert grader.agreeing_baselines([100.0, 110.0], 0.25) == [100.0, 110.0]
+    assert grader.agreeing_baselines([100.0, 200.0], 0.25) is None
+    assert grader.agreeing_baselines([100.0, 200.0, 105.0], 0.25) == [100.0, 105.0]
+
+
 @pytest.mark.slow
 def test_the_reference_runs_correctly_on_4_workers_and_its_result_certifies(tmp_path):
     result = grader.grade(grader.REFERENCE, QUICK)  # its own defaults, 4 workers, with the baseline
     print(result.report())
+    assert result.sandboxed or sandbox.unavailable(), "the grader did not use the sandbox where it starts"
     for criterion in ("workers", "identical", "sharded"):
         assert result.ok(criterion), result.message(criterion)
     assert result.measurements["baselines"] and result.measurements["efficiency"] > 0

@@ -2,10 +2,14 @@
 
 generate_assignment -> a student who submits the solutions gets full marks; a student who
 submits the blank learner copies gets zero on every exercise, and grading them does not crash.
+The assessment is graded as ``make autograde`` does it: nbgrader with the official-grading flag,
+then the sandboxed official grading of each train.py, whose result replaces the notebook's
+points. The blank student's notebook carries an added cell that fakes the grader in its kernel.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -17,10 +21,32 @@ from conftest import REPO
 
 SOLUTION, BLANK = "solution-student", "blank-student"
 
+#: What a learner could add to the assessment notebook: a cell that fakes a passing grader in
+#: the kernel and writes a forged result file next to the notebook.
+FAKE_GRADER_CELL = """\
+from multigpu.grading import grader, official
+official.official_run = lambda: False
+def _fake(*args, **kwargs):
+    result = grader.deferred(SETTINGS, "faked")
+    for criterion in result.criteria.values():
+        criterion.passed, criterion.message = True, "faked by the learner"
+    return result
+grader.grade = _fake
+open("grading-result.json", "w").write('{"passed": true, "sandboxed": true, "score": 10, "max_score": 10}')
+"""
+
+
+def add_fake_grader_cell(notebook):
+    nb = json.loads(notebook.read_text())
+    at = next(i for i, c in enumerate(nb["cells"]) if c["metadata"].get("nbgrader", {}).get("grade_id") == "pass_rule")
+    nb["cells"].insert(at + 1, {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                                "source": FAKE_GRADER_CELL})
+    notebook.write_text(json.dumps(nb))
+
 
 def nbgrader(course, *args, timeout=3600):
     bindir = os.path.dirname(sys.executable)
-    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", MULTIGPU_OFFICIAL_GRADING="1")
     proc = subprocess.run([os.path.join(bindir, "nbgrader"), *args], cwd=course, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
@@ -44,8 +70,24 @@ def graded_course(tmp_path_factory):
             install_starter(course / assignment)  # what make release gives learners
         shutil.copytree(course / "solutions" / assignment, course / "grading/submitted" / SOLUTION / assignment)
         shutil.copytree(course / assignment, course / "grading/submitted" / BLANK / assignment)
+        if assignment == "assessments":
+            add_fake_grader_cell(course / "grading/submitted" / BLANK / assignment / "assessment.ipynb")
         logs[assignment] = nbgrader(course, "autograde", assignment)
+    if "assessments" in assignments:  # what make autograde runs next: the official, sandboxed grading
+        from multigpu.grading import official, rules
+
+        graded = official.grade_submissions(course / "grading", rules.QUICK)
+        logs["assessments"] += "\n".join(g.result.report() for g in graded)
     return course, assignments, logs
+
+
+def auto_scores(course, assignment, student):
+    """The points the notebook's own cells earned in the learner's kernel (before the official grading)."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook("sqlite:///" + str(course / "grading" / "gradebook.db"), "multigpu") as gb:
+        nb = gb.find_submission_notebook("assessment", assignment, student)
+        return sum(g.auto_score or 0 for g in nb.grades)
 
 
 def scores(course, assignment, student):
@@ -87,3 +129,23 @@ def test_autograde_keeps_the_learners_training_script(graded_course):
     submitted = course / "grading/submitted" / BLANK / "assessments" / "train.py"
     autograded = course / "grading/autograded" / BLANK / "assessments" / "train.py"
     assert autograded.read_bytes() == submitted.read_bytes()
+
+
+@pytest.mark.slow
+def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_course, tmp_path):
+    from multigpu.grading import certificates
+
+    course, assignments, logs = graded_course
+    if "assessments" not in assignments:
+        pytest.skip("no assessment")
+    # the fake worked in the learner's kernel (its cells passed there) ...
+    assert auto_scores(course, "assessments", BLANK) == 10, "the fake grader cell did not run: the test proves nothing"
+    # ... and the official grading of the unconverted train.py replaced those points
+    assert scores(course, "assessments", BLANK)["assessment"][0] == 0, logs["assessments"][-3000:]
+    assert (course / "grading/autograded" / BLANK / "assessments" / "grading-result.json").exists()
+    key = certificates.load_private_key(certificates.keygen(tmp_path / "key")[0])
+    decisions = {d.student: d for d in certificates.certify(
+        "sqlite:///" + str(course / "grading" / "gradebook.db"), course / "grading", tmp_path / "certs", key=key)}
+    assert not decisions[BLANK].certified and "not passed" in decisions[BLANK].reason, decisions[BLANK].reason
+    # the solution passed the official grading, on the quick profile, which never certifies
+    assert not decisions[SOLUTION].certified and "quick" in decisions[SOLUTION].reason, decisions[SOLUTION].reason

@@ -10,8 +10,9 @@ The course key lives OUTSIDE the repository (default ``~/.config/multigpu/course
 
 :func:`certify` is what ``make certificates`` runs after ``make autograde``: a certificate for
 each student whose assessment has full marks in the gradebook, whose labs reach
-:data:`LABS_REQUIRED` of their points, and whose grader result (``grading-result.json``, written
-by the assessment notebook's locked grading cell during autograde) says passed on a real profile.
+:data:`LABS_REQUIRED` of their points, and whose official result (``grading/results/<id>.json``,
+written by :mod:`multigpu.grading.official` from the grader's own sandboxed run, outside any
+notebook) says passed, sandboxed, on a real profile. Nothing a submission wrote is read.
 """
 
 from __future__ import annotations
@@ -31,14 +32,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from multigpu.grading.grader import REPO
-from multigpu.grading.rules import RESULT_FILE
 
 COURSE = "Training Deep Learning Models on Multiple GPUs"
 FORMAT = "multigpu-certificate/1"
 #: Fraction of the lab points (assignment ``notebooks``) a certificate also requires.
 LABS_REQUIRED = 0.6
 
-__all__ = ["COURSE", "RESULT_FILE", "CertificateError", "certify", "default_key_path", "issue", "keygen",
+__all__ = ["COURSE", "CertificateError", "certify", "default_key_path", "issue", "keygen",
            "load_private_key", "make_record", "verify"]
 
 
@@ -290,10 +290,13 @@ def _score(gb: Any, assignment: str, student: str) -> tuple[float, float] | None
     return float(sub.score), float(sub.max_score)
 
 
-def certify(db_url: str, autograded: str | os.PathLike, outdir: str | os.PathLike, *,
+def certify(db_url: str, grading: str | os.PathLike, outdir: str | os.PathLike, *,
             key: Ed25519PrivateKey, labs_required: float = LABS_REQUIRED) -> list[Decision]:
-    """Decide, for every student in the gradebook, and issue certificates to those who qualify."""
+    """Decide, for every student in the gradebook, and issue certificates to those who qualify.
+    ``grading`` is the course's grading folder, whose ``results/`` hold the official results."""
     from nbgrader.api import Gradebook
+
+    from multigpu.grading import official
 
     decisions: list[Decision] = []
     with Gradebook(db_url) as gb:
@@ -302,7 +305,7 @@ def certify(db_url: str, autograded: str | os.PathLike, outdir: str | os.PathLik
             name = " ".join(p for p in (student.first_name, student.last_name) if p) or sid
             assessment = _score(gb, "assessments", sid)
             labs = _score(gb, "notebooks", sid)
-            result_file = Path(autograded) / sid / "assessments" / RESULT_FILE
+            result_file = official.result_path(Path(grading), sid)
             if assessment is None:
                 decisions.append(Decision(sid, False, "no autograded assessment submission"))
                 continue
@@ -314,15 +317,19 @@ def certify(db_url: str, autograded: str | os.PathLike, outdir: str | os.PathLik
                 got = f"{labs[0]:g}/{labs[1]:g}" if labs else "no submission"
                 decisions.append(Decision(sid, False, f"labs below {labs_required:.0%} of their points ({got})"))
                 continue
-            try:
-                result = json.loads(result_file.read_text())
-            except (OSError, ValueError):
-                decisions.append(Decision(sid, False, f"no readable grader result {result_file}: re-run make autograde"))
+            result = official.load_result(grading, sid)
+            if result is None:
+                decisions.append(Decision(sid, False, f"no official result {result_file}: run make autograde "
+                                                      "(it grades every train.py in the sandbox)"))
                 continue
             profile = (result.get("settings") or {}).get("profile")
             if not result.get("passed"):
-                decisions.append(Decision(sid, False, "the grader's result does not say passed (gradebook and "
-                                                      f"{RESULT_FILE} disagree: re-run make autograde)"))
+                decisions.append(Decision(sid, False, "the official result does not say passed (gradebook and "
+                                                      f"{result_file.name} disagree: re-run make autograde)"))
+                continue
+            if not result.get("sandboxed"):
+                decisions.append(Decision(sid, False, "the official result was not graded in the sandbox: "
+                                                      "install bubblewrap and re-run make autograde"))
                 continue
             if profile not in ("cpu", "gpu"):
                 decisions.append(Decision(sid, False, f"the grader ran with the '{profile}' profile (tests only): "

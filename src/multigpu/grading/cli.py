@@ -2,6 +2,7 @@
 
     multigpu grade [assessments]        the verdict the official grader gives (make grade-me)
     multigpu keygen [--key PATH]        the course's signing key, outside the repository
+    multigpu grade-submissions          the official, sandboxed grading of every collected train.py
     multigpu certify                    certificates for who passed (after make autograde)
     multigpu verify CERT --public-key course-key.pub
     multigpu calibrate                  pass counts of the reference and the broken variants
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +31,19 @@ def cmd_grade(args: argparse.Namespace) -> int:
         out = grader.save_result(result, args.json or script.parent / grader.RESULT_FILE)
         print(f"result written to {out}")
     return 0 if result.passed else 1
+
+
+def cmd_grade_submissions(args: argparse.Namespace) -> int:
+    from multigpu.grading import grader, official, rules
+
+    try:
+        done = official.grade_submissions(args.grading, rules.settings(args.profile))
+    except grader.SandboxUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{sum(g.result.passed for g in done)} of {len(done)} assessment(s) passed; results in "
+          f"{args.grading / 'results'}/")
+    return 0
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -62,7 +77,7 @@ def cmd_certify(args: argparse.Namespace) -> int:
         print(f"error: no gradebook at {args.gradebook}: run 'make autograde' first", file=sys.stderr)
         return 1
     key = certificates.load_private_key(args.key)
-    decisions = certificates.certify(f"sqlite:///{args.gradebook.resolve()}", args.autograded, args.out, key=key)
+    decisions = certificates.certify(f"sqlite:///{args.gradebook.resolve()}", args.gradebook.parent, args.out, key=key)
     for d in decisions:
         print(f"{d.student:20s} {'CERTIFIED' if d.certified else 'no':10s} {d.reason}"
               + (f" -> {', '.join(map(str, d.files))}" if d.files else ""))
@@ -74,24 +89,41 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     """Grade the reference N times and each broken variant M times; print the pass counts."""
     from multigpu.grading import grader, rules
 
+    from multigpu.grading import variants as edits
+
     settings = rules.settings(args.profile)
-    variants = ["unconverted", "no_distributed_optimizer", "no_broadcast", "no_sampler", "fake_metrics"]
+    fixtures = ["unconverted", "no_distributed_optimizer", "no_broadcast", "no_sampler", "fake_metrics"]
+    made = Path(tempfile.mkdtemp(prefix="multigpu-variants-"))
+    broken = [(v, grader.FIXTURES / f"{v}.py") for v in fixtures]
+    broken += [(v, edits.write(v, grader.REFERENCE, made / f"{v}.py")) for v in edits.EDITS]
+    if args.only:
+        broken = [(v, p) for v, p in broken if v in args.only]
     jobs = [("reference", grader.REFERENCE)] * args.reference
     for _ in range(args.broken):
-        jobs += [(v, grader.FIXTURES / f"{v}.py") for v in variants]  # interleaved, a slow minute hits all
+        jobs += broken  # interleaved, a slow minute hits all
+    hog = None
+    if args.busy:  # another CPU-heavy job on the machine: the verdicts must not flip
+        import subprocess
+
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        print(f"a CPU-heavy job runs beside the gradings (pid {hog.pid})", flush=True)
     print(settings.describe())
     print(f"{len(jobs)} gradings: the reference x{args.reference}, each broken variant x{args.broken}", flush=True)
     rows: dict[str, list[dict]] = {}
     for i, (name, path) in enumerate(jobs, 1):
         start = time.monotonic()
-        r = grader.grade(path, settings)
+        r = grader.grade(path, settings, sandbox="required")
         m = r.measurements
         rows.setdefault(name, []).append({"passed": r.passed, "score": r.score, "efficiency": m.get("efficiency"),
+                                          "failed": [c for c in r.criteria if not r.ok(c)],
+                                          "allreduces_per_epoch": m.get("gradient_allreduces_per_epoch"),
                                           "accuracy_held": m.get("accuracy_held"), "seconds": time.monotonic() - start})
         failed = [c for c in r.criteria if not r.ok(c)]
         print(f"[{i}/{len(jobs)}] {name}: {r.score}/{r.max_score} {'PASS' if r.passed else 'fail'} "
               f"(accuracy held {m.get('accuracy_held')}, efficiency {m.get('efficiency')}; failed: "
               f"{', '.join(failed) or '-'}; {time.monotonic() - start:.0f} s)", flush=True)
+    if hog is not None:
+        hog.kill()
     print("\nvariant                   passes   expected  efficiency (min-max)   accuracy held (min-max)")
     ok = True
     for name, rs in rows.items():
@@ -120,6 +152,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the result as JSON to this file")
     p.set_defaults(func=cmd_grade)
 
+    p = sub.add_parser("grade-submissions", help="the official, sandboxed grading of every collected assessment")
+    p.add_argument("--grading", type=Path, default=Path("grading"), help="the course's grading folder")
+    p.add_argument("--profile", choices=["cpu", "gpu", "quick"], default=None)
+    p.set_defaults(func=cmd_grade_submissions)
+
     p = sub.add_parser("keygen", help="create the course's certificate signing key (outside the repository)")
     p.add_argument("--key", type=Path, default=None, help=f"private key path (default {default_key_path()})")
     p.set_defaults(func=cmd_keygen)
@@ -130,8 +167,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("certify", help="issue certificates to students who passed (after make autograde)")
-    p.add_argument("--gradebook", type=Path, default=Path("grading/gradebook.db"))
-    p.add_argument("--autograded", type=Path, default=Path("grading/autograded"))
+    p.add_argument("--gradebook", type=Path, default=Path("grading/gradebook.db"),
+                   help="the gradebook; the official results are read from results/ next to it")
     p.add_argument("--out", type=Path, default=Path("certificates"))
     p.add_argument("--key", type=Path, default=None, help="private key (default: multigpu keygen's)")
     p.set_defaults(func=cmd_certify)
@@ -140,5 +177,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", choices=["cpu", "gpu", "quick"], default="cpu")
     p.add_argument("--reference", type=int, default=10, help="gradings of the reference (default 10)")
     p.add_argument("--broken", type=int, default=3, help="gradings of each broken variant (default 3)")
+    p.add_argument("--only", nargs="*", default=None, help="grade only these broken variants")
+    p.add_argument("--busy", action="store_true", help="run a CPU-heavy job beside the gradings")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     p.set_defaults(func=cmd_calibrate)

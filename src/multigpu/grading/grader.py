@@ -8,14 +8,20 @@ What it does, in order (nothing the script prints or writes as a metric is trust
 1. :func:`check_source`: the file exists and compiles (otherwise: zero, nothing runs).
 2. Prepares the data: the training set the script gets (``$MULTIGPU_ASSESSMENT_DATA``) and a
    held-out set generated with the grader's own seed (:data:`rules.HOLDOUT_SEED`).
-3. Runs the unmodified starter on one worker (the baseline), the submission with
-   ``horovodrun -np 4`` under the time budget, and the baseline again (interleaved, so a slow
-   minute hits both), each with :func:`runner.run_script`: bounded in time and output, no
-   process left behind, checkpoint arrival timed by the grader's clock.
+3. Runs the unmodified starter on one worker with ONE thread (the baseline: one core's share,
+   the same ideal Lab 3 and ``make bench`` use), the submission with ``horovodrun -np 4`` under
+   the time budget, and the baseline again (interleaved, so a slow minute hits both), each with
+   :func:`runner.run_script` inside the sandbox (:mod:`multigpu.grading.sandbox`): bounded in
+   time, output and memory, no process left behind, checkpoint arrival timed by the grader's
+   clock, the workers' loopback traffic counted by the kernel.
 4. Loads every ``rank-<R>-epoch-<E>.pt`` with ``weights_only=True`` (no code from a
    submission runs in the grader) and checks: every rank saved every epoch; weights identical
-   across ranks; disjoint shards that cover the training set; its own held-out accuracy of the
-   weights; throughput from the checkpoints' arrival times against the baseline.
+   across ranks AND gradients averaged over the network (CPU mode: the loopback bytes of the
+   run must amount to :data:`rules.MIN_ALLREDUCES_PER_EPOCH` gradient all-reduces per epoch or
+   more); disjoint shards that cover the training set (counted only when the gradients were
+   averaged); its own held-out accuracy of the weights, on a held-out set generated afresh in
+   the grader's private folder; throughput from the checkpoints' arrival times against the
+   baseline (re-measured, or "too noisy" instead of a verdict, when the baselines disagree).
 
 Each criterion gets its points or zero, with a message that says what failed and what to do.
 """
@@ -53,6 +59,8 @@ FIXTURES = REPO / "tests" / "fixtures" / "assessment"
 POINTS: dict[str, int] = {"workers": 2, "identical": 2, "sharded": 2, "accuracy": 3, "throughput": 1}
 #: Largest difference between two ranks' weights that still counts as identical.
 IDENTICAL_TOL = 1e-6
+#: Threads of the baseline worker: one core's share, the ideal's unit everywhere in the course.
+BASELINE_THREADS = 1
 
 Log = Callable[[str], None]
 
@@ -77,6 +85,8 @@ class GradeResult:
     settings: Settings
     criteria: dict[str, Criterion]
     measurements: dict[str, Any] = field(default_factory=dict)
+    #: ran inside the sandbox (a certificate needs it)
+    sandboxed: bool = False
 
     @property
     def score(self) -> int:
@@ -101,6 +111,9 @@ class GradeResult:
         m = self.measurements
         lines = [f"Grading of {self.script} (profile '{self.settings.profile}'): "
                  f"{self.score}/{self.max_score} points, {'PASSED' if self.passed else 'NOT PASSED'}"]
+        if not self.sandboxed:
+            lines.append(f"  NOT SANDBOXED: {self.measurements.get('sandbox', 'the run was not sandboxed')} "
+                         "(the verdict is yours to see; a certificate needs a sandboxed grading)")
         lines += ["  " + self.message(name) for name in self.criteria]
         facts = [f"{k} {m[k]:.3f}" if isinstance(m.get(k), float) else f"{k} {m[k]}"
                  for k in ("accuracy_held", "throughput", "ideal", "efficiency", "run_s") if m.get(k) is not None]
@@ -112,6 +125,7 @@ class GradeResult:
         return {
             "script": self.script,
             "passed": self.passed,
+            "sandboxed": self.sandboxed,
             "score": self.score,
             "max_score": self.max_score,
             "settings": self.settings.to_dict(),
@@ -130,7 +144,13 @@ def save_result(result: GradeResult, path: str | os.PathLike = RESULT_FILE) -> P
 
 def _all_fail(script: str, settings: Settings, message: str, **measurements: Any) -> GradeResult:
     return GradeResult(script, settings, {n: Criterion(n, p, False, message) for n, p in POINTS.items()},
-                       dict(measurements))
+                       dict(measurements), sandboxed=True)  # nothing of the submission ran
+
+
+def deferred(settings: Settings, message: str) -> GradeResult:
+    """A result that grades nothing: the official grading decides (no points here)."""
+    return GradeResult("train.py", settings, {n: Criterion(n, p, False, message) for n, p in POINTS.items()},
+                       sandboxed=False)
 
 
 # ----------------------------------------------------------------------------- reading a submission
@@ -225,6 +245,32 @@ def run_throughput(record: runner.RunRecord, images: dict[int, int]) -> float | 
     return counted / elapsed if elapsed > 0 else None
 
 
+def gradient_traffic(rec: runner.RunRecord, weights: dict[str, torch.Tensor], workers: int, epochs: int,
+                     settings: Settings) -> dict[str, Any]:
+    """Did the ranks average their gradients? Judged from the bytes the kernel counted on the
+    sandbox's private loopback (CPU mode: Gloo all-reduces over TCP), never from the script.
+
+    Returns ``{"ok": bool, "message": str, "measurements": {...}}``. Not judged (ok) where the
+    bytes cannot be counted: GPU mode (NCCL does not use the loopback) or an unsandboxed run.
+    """
+    params = sum(t.numel() for t in weights.values() if t.is_floating_point())
+    per_allreduce = 2 * (workers - 1) * params * 4  # one ring all-reduce of float32 gradients, all ranks together
+    if devices.detect().mode != "cpu" or not rec.sandboxed or rec.loopback_bytes is None or workers < 2:
+        return {"ok": True, "message": "gradient traffic not counted here (GPU mode or an unsandboxed run)",
+                "measurements": {}}
+    count = rec.loopback_bytes / per_allreduce / max(epochs, 1)
+    need = settings.min_allreduces_per_epoch
+    measured = {"gradient_allreduces_per_epoch": round(count, 1)}
+    sent = f"the workers sent each other {rec.loopback_bytes / 1e6:.0f} MB, about {count:.1f} gradient all-reduces per epoch"
+    if count >= need:
+        return {"ok": True, "message": sent + " (the gradients were averaged every step)", "measurements": measured}
+    return {"ok": False, "measurements": measured, "message": (
+        f"{sent}: a data-parallel run all-reduces its {params:,} gradients every step (at least {need} per epoch). "
+        "Identical weights at the end of an epoch are not enough: wrap the optimizer in hvd.DistributedOptimizer "
+        "so that every rank trains on its shard and the gradients are averaged at every step, instead of one rank "
+        "training alone or weights broadcast before saving")}
+
+
 def _checkpoints(folder: Path) -> dict[tuple[int, int], Path]:
     out = {}
     for p in folder.glob("rank-*-epoch-*.pt") if folder.is_dir() else []:
@@ -265,11 +311,17 @@ def holdout_accuracy(state: dict[str, torch.Tensor], holdout: Path) -> float:
 # ----------------------------------------------------------------------------- the grading
 
 
-def prepare_data(settings: Settings, progress: bool = False) -> tuple[Path, Path]:
-    """``(training set, held-out set)`` for ``settings``, generated once and cached."""
+def prepare_data(settings: Settings, private: Path, progress: bool = False) -> tuple[Path, Path]:
+    """``(training set, held-out set)`` for ``settings``.
+
+    The training set is generated once and cached (the sandbox shows it read-only). The
+    held-out set is generated afresh in ``private``, the grader's own folder that no submission
+    sees or writes (a few seconds; deterministic from :data:`rules.HOLDOUT_SEED`), so no earlier
+    submission can have changed it.
+    """
     train = data.ensure_dataset(train_per_class=settings.train_per_class, val_per_class=settings.val_per_class,
                                 progress=progress)
-    holdout = data.ensure_dataset(train_per_class=0, val_per_class=settings.holdout_per_class,
+    holdout = data.ensure_dataset(private / "holdout", train_per_class=0, val_per_class=settings.holdout_per_class,
                                   seed=rules.HOLDOUT_SEED, progress=progress)
     return train, holdout
 
@@ -293,29 +345,60 @@ def _run_failure(rec: runner.RunRecord, settings: Settings) -> str | None:
     if rec.output_exceeded:
         return (f"the run printed more than {settings.max_output_bytes:,} bytes and was stopped: print once per "
                 f"epoch on rank 0 only. Last output:\n{rec.tail[-800:]}")
+    if rec.memory_exceeded:
+        return (f"the run's processes held more than {settings.max_memory_bytes / 2**30:.0f} GiB of memory together "
+                "and were stopped: keep one model and a few batches per worker in memory")
     if rec.returncode != 0:
         lines = rec.tail.splitlines()
         return f"the run ended with exit code {rec.returncode}. " + worker_errors(lines, limit=20)
     return None
 
 
-def _baseline(settings: Settings, workdir: Path, train_root: Path, index: int, log: Log) -> float | None:
-    """One run of the unmodified starter on one worker: its images/s (None if it failed)."""
+def sandbox_rules(train_root: Path, extra_hidden: Sequence[os.PathLike | str] = ()) -> dict[str, list]:
+    """What a grading run may read and what it must not see (see :mod:`multigpu.grading.sandbox`):
+    the training set readable; the course key's folder, the data cache (the grader's held-out set
+    is elsewhere, in its private folder under the hidden /tmp), every ``grading/`` folder
+    (gradebook, submissions) of the course and of the current folder hidden."""
+    from multigpu.grading import certificates
+
+    hidden = [certificates.default_key_path().parent, data.data_home(), REPO / "grading",
+              Path.cwd() / "grading", *extra_hidden]
+    return {"readable": [train_root], "hidden": [h for h in hidden if Path(h).exists()]}
+
+
+def _baseline(settings: Settings, workdir: Path, train_root: Path, index: int, log: Log,
+              sandbox: dict | None) -> float | None:
+    """One run of the unmodified starter on one worker with one thread: its images/s (None if it failed)."""
     work = workdir / f"baseline-{index}"
+    work.mkdir()
+    shutil.copy(STARTER, work / "train.py")
     ckpt = work / "checkpoints"
-    rec = runner.run_script(STARTER, work, workers=None, timeout=settings.time_budget_s,
-                            max_output_bytes=settings.max_output_bytes, args=("--epochs", str(settings.baseline_epochs)),
+    rec = runner.run_script(work / "train.py", work, workers=None, timeout=settings.time_budget_s,
+                            max_output_bytes=settings.max_output_bytes, max_memory_bytes=settings.max_memory_bytes,
+                            args=("--epochs", str(settings.baseline_epochs), "--threads", str(BASELINE_THREADS)),
                             env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt)},
-                            checkpoint_dir=ckpt)
+                            checkpoint_dir=ckpt, sandbox=sandbox)
     if not rec.ok:
         log(f"baseline run {index + 1} failed: {_run_failure(rec, settings)}")
         return None
     loaded = {k: load_checkpoint(p) for k, p in _checkpoints(ckpt).items()}
     value = run_throughput(rec, _images_per_epoch(loaded))
-    shutil.rmtree(ckpt, ignore_errors=True)
-    log(f"baseline {index + 1}: the unmodified starter on one worker: "
+    shutil.rmtree(work, ignore_errors=True)
+    log(f"baseline {index + 1}: the unmodified starter on one worker, {BASELINE_THREADS} thread: "
         + (f"{value:.1f} images/s" if value else "no throughput (fewer than 2 epochs)"))
     return value
+
+
+def agreeing_baselines(values: Sequence[float], tolerance: float) -> list[float] | None:
+    """The largest group of baseline measurements within ``tolerance`` (max/min - 1) of each
+    other, at least two; None when no two agree (the machine's speed changed under the grading)."""
+    vs = sorted(v for v in values if v)
+    best: list[float] = []
+    for i in range(len(vs)):
+        group = [v for v in vs[i:] if v <= vs[i] * (1 + tolerance)]
+        if len(group) > len(best):
+            best = group
+    return best if len(best) >= 2 else None
 
 
 def grade(
@@ -326,16 +409,26 @@ def grade(
     echo: bool = False,
     log: Log | None = None,
     workdir: str | os.PathLike | None = None,
+    sandbox: str = "auto",
+    hidden: Sequence[os.PathLike | str] = (),
 ) -> GradeResult:
     """Grade ``script`` under ``settings`` (default :func:`rules.settings`); see the module doc.
 
     ``args`` are extra command-line arguments for the submission (tests only: the official
     grading runs the script's defaults). ``echo`` streams the run's output live.
+    ``sandbox``: ``"auto"`` (the sandbox where it starts, else an unsandboxed verdict that says
+    so), ``"required"`` (raise :class:`SandboxUnavailable` instead: certificates) or ``"off"``.
+    ``hidden``: more folders the submission must not see (other submissions, results).
     """
+    from multigpu.grading import sandbox as sb
+
     settings = settings or rules.settings()
     log = log or (lambda _msg: None)
     script_path = Path(script).resolve()
     name = str(script)
+    why_not = sb.unavailable() if sandbox != "off" else "sandbox turned off"
+    if why_not and sandbox == "required":
+        raise SandboxUnavailable(f"cannot grade for a certificate: {why_not}")
     problem = check_source(script_path)
     if problem:
         return _all_fail(name, settings, problem)
@@ -345,10 +438,15 @@ def grade(
         "workers": settings.workers, "mode": info.mode,
         "hardware": f"{info.mode.upper()} mode, {info.cores} cores" + (f", {info.gpus} GPUs" if info.gpus else ""),
     }
-    log("preparing the data (training set and the grader's held-out set)")
-    train_root, holdout = prepare_data(settings)
+    if why_not:
+        measurements["sandbox"] = why_not
+        log(f"NOT SANDBOXED: {why_not}")
     with tempfile.TemporaryDirectory(prefix="multigpu-grade-", dir=workdir) as tmp:
-        work = Path(tmp)
+        work = Path(tmp).resolve()
+        private = work / "grader"  # the held-out set: never bound into a sandbox
+        log("preparing the data (the training set and the grader's own held-out set)")
+        train_root, holdout = prepare_data(settings, private)
+        rules_ = None if why_not else sandbox_rules(train_root, [private, *hidden])
         submission = work / "submission"
         submission.mkdir()
         shutil.copy(script_path, submission / "train.py")  # the script runs from a scratch copy
@@ -356,18 +454,31 @@ def grade(
 
         repeats = settings.baseline_repeats
         before, after = (repeats + 1) // 2, repeats // 2
-        baselines: list[float | None] = [_baseline(settings, work, train_root, i, log) for i in range(before)]
+        baselines: list[float | None] = [_baseline(settings, work, train_root, i, log, rules_) for i in range(before)]
         log(f"running {script_path.name} on {settings.workers} workers (time budget {settings.time_budget_s:.0f} s)")
         rec = runner.run_script(submission / "train.py", submission, workers=settings.workers,
                                 timeout=settings.time_budget_s, max_output_bytes=settings.max_output_bytes,
-                                args=args, echo=echo, checkpoint_dir=ckpt,
-                                env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt)})
+                                max_memory_bytes=settings.max_memory_bytes, args=args, echo=echo, checkpoint_dir=ckpt,
+                                env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt)},
+                                sandbox=rules_)
         measurements["run_s"] = round(rec.wall_s, 2)
-        baselines += [_baseline(settings, work, train_root, before + i, log) for i in range(after)]
+        measurements["loopback_bytes"] = rec.loopback_bytes
+        baselines += [_baseline(settings, work, train_root, before + i, log, rules_) for i in range(after)]
+        if repeats >= 2 and agreeing_baselines(baselines, settings.baseline_tolerance) is None:
+            log(f"the baselines disagree ({', '.join(f'{b:.1f}' for b in baselines if b)} images/s): "
+                "the machine's speed changed; measuring once more")
+            baselines.append(_baseline(settings, work, train_root, len(baselines), log, rules_))
         measurements["baselines"] = [round(b, 2) for b in baselines if b]
+        source = script_path.read_text(errors="replace")
+        criteria = _judge(rec, _checkpoints(ckpt), settings, train_root, holdout, measurements, log, source)
+    return GradeResult(name, settings, criteria, measurements, sandboxed=rec.sandboxed)
 
-        criteria = _judge(rec, _checkpoints(ckpt), settings, train_root, holdout, measurements, log)
-    return GradeResult(name, settings, criteria, measurements)
+
+class SandboxUnavailable(RuntimeError):
+    """Grading for a certificate was asked for where the sandbox cannot start."""
+
+
+
 
 
 def _judge(
@@ -378,10 +489,12 @@ def _judge(
     holdout: Path,
     m: dict[str, Any],
     log: Log,
+    source: str = "",
 ) -> dict[str, Criterion]:
     crit: dict[str, Criterion] = {}
     n = settings.workers
     failure = _run_failure(rec, settings)
+    uses_horovod = "horovod" in source
 
     # --- workers: a clean run, and a checkpoint from every rank for every epoch
     ranks = {r for r, _ in ckpts}
@@ -392,10 +505,15 @@ def _judge(
     m["epochs"] = len(complete)
     if ckpts and missing_ranks:  # the root cause first: an unconverted script saves as rank 0 only
         also = f" The run also failed: {failure.splitlines()[0]}" if failure else ""
+        if uses_horovod and ranks == {0}:  # Lab 3's habit: only rank 0 writes files
+            why = ("only rank 0 saved. Lab 3 saves on rank 0 only (one copy of the model is enough there); "
+                   "the assessment's contract is different: EVERY rank calls save_checkpoint(..., hvd.rank(), "
+                   "indices) at the end of every epoch, so the grader can check each rank's weights and shard")
+        else:
+            why = ("every worker must save with its own hvd.rank() (did the script call hvd.init()? an "
+                   "unconverted script runs 4 independent copies that all save as rank 0)")
         crit["workers"] = Criterion("workers", POINTS["workers"], False,
-                                    f"no checkpoint from rank {', '.join(map(str, missing_ranks))} of {n}: every "
-                                    "worker must save with its own hvd.rank() (did the script call hvd.init()? "
-                                    "an unconverted script runs 4 independent copies that all save as rank 0)." + also)
+                                    f"no checkpoint from rank {', '.join(map(str, missing_ranks))} of {n}: {why}." + also)
     elif failure:
         crit["workers"] = Criterion("workers", POINTS["workers"], False, failure)
     elif not ckpts:
@@ -438,6 +556,8 @@ def _judge(
                 if d > worst[0]:
                     worst = (d, where, r, e)
         m["max_weight_difference"] = worst[0] if math.isfinite(worst[0]) else "shape mismatch"
+        averaged = gradient_traffic(rec, weights_only(loaded[(0, complete[0])]["model"]), n, len(complete), settings)
+        m.update(averaged.get("measurements", {}))
         if worst[0] > IDENTICAL_TOL:
             crit["identical"] = Criterion(
                 "identical", POINTS["identical"], False,
@@ -445,15 +565,24 @@ def _judge(
                 f"{worst[0]:.3g} in '{worst[1]}'): broadcast rank 0's parameters and optimizer state at the start "
                 "(hvd.broadcast_parameters, hvd.broadcast_optimizer_state) and average gradients with "
                 "hvd.DistributedOptimizer")
+        elif not averaged["ok"]:
+            crit["identical"] = Criterion("identical", POINTS["identical"], False, averaged["message"])
         else:
-            crit["identical"] = Criterion("identical", POINTS["identical"], True,
-                                          f"all {n} ranks hold the same weights after each of {len(complete)} epochs")
+            crit["identical"] = Criterion(
+                "identical", POINTS["identical"], True,
+                f"all {n} ranks hold the same trainable weights after each of {len(complete)} epochs (BatchNorm's "
+                "running statistics are buffers each rank computes from its own shard, so they are not compared); "
+                + averaged["message"])
 
     # --- sharded data
     train_size = len(data.JPEGFolder(train_root, None, split="train"))
     padding = (-train_size) % n  # DistributedSampler repeats this many samples to even out the shards
     if not usable:
         crit["sharded"] = Criterion("sharded", POINTS["sharded"], False, nothing)
+    elif not crit["identical"].passed and "all-reduce" in crit["identical"].message:
+        crit["sharded"] = Criterion("sharded", POINTS["sharded"], False,
+                                    "not counted: shards make one model only when the ranks average their gradients, "
+                                    "and the grader did not see that (see 'identical')")
     else:
         problem = ""
         for e in complete:
@@ -522,13 +651,22 @@ def _judge(
     elif throughput is None:
         crit["throughput"] = Criterion("throughput", POINTS["throughput"], False,
                                        "not measured: the run needs at least 2 complete epochs (the first is warm-up)")
+    elif len(baselines) >= 2 and agreeing_baselines(baselines, settings.baseline_tolerance) is None:
+        m["noisy"] = True
+        crit["throughput"] = Criterion(
+            "throughput", POINTS["throughput"], False,
+            f"machine too noisy to grade throughput: the single-worker baselines measured "
+            f"{', '.join(f'{b:.1f}' for b in baselines)} images/s, more than {settings.baseline_tolerance:.0%} apart "
+            "(something else ran on this machine). Not a verdict on your script: grade again on a quiet machine")
     else:
+        baselines = agreeing_baselines(baselines, settings.baseline_tolerance) or baselines
         baseline = statistics.median(baselines)
         ideal = devices.ideal_factor(n) * baseline
         eff = throughput / ideal
         m.update(baseline=round(baseline, 2), ideal=round(ideal, 2), efficiency=round(eff, 4))
         figures = (f"{throughput:.1f} images/s on {n} workers = {eff:.2f} x ideal ({ideal:.1f} = "
-                   f"{devices.ideal_factor(n)} x {baseline:.1f} images/s of one worker, median of {len(baselines)}); "
+                   f"{devices.ideal_factor(n)} x {baseline:.1f} images/s of one worker with one thread, median of "
+                   f"{len(baselines)}); "
                    f"E = {settings.efficiency:.2f}")
         if prerequisites:
             crit["throughput"] = Criterion("throughput", POINTS["throughput"], False,
@@ -539,5 +677,6 @@ def _judge(
         else:
             crit["throughput"] = Criterion("throughput", POINTS["throughput"], False,
                                            f"{figures}: too slow. Give each worker cores // workers threads, "
-                                           "a larger per-worker batch, and print/evaluate less often")
+                                           "wait for all-reduces patiently (hvdtools.patient_waits), use a larger "
+                                           "per-worker batch, and print/evaluate less often")
     return crit

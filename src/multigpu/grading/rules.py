@@ -55,6 +55,15 @@ HOLDOUT_SEED = 7919
 RESULT_FILE = "grading-result.json"
 #: Cap on what a submission may print (bytes, all ranks together) before it is stopped.
 MAX_OUTPUT_BYTES = 2_000_000
+#: Cap on the memory of a submission's processes together (RSS, bytes) before it is stopped.
+MAX_MEMORY_BYTES = 12 * 2**30
+#: Gradient all-reduces per epoch, at least, that the workers' own loopback traffic must amount
+#: to (CPU mode, sandboxed): one ring all-reduce of P float32 gradients on N ranks sends
+#: 2(N-1) x 4P bytes in all (fp16 compression: half, so 2 a step still count as one). A
+#: data-parallel run all-reduces every step (tens to hundreds of steps an epoch); a run that never
+#: averages gradients sends about 0, one that trains on rank 0 and broadcasts its weights once an
+#: epoch about 0.5 (rank 0 sends 4P bytes to each of N-1 ranks).
+MIN_ALLREDUCES_PER_EPOCH = 2
 
 
 @dataclass(frozen=True)
@@ -70,9 +79,14 @@ class Settings:
     holdout_per_class: int  # the grader's held-out set, generated with HOLDOUT_SEED
     baseline_repeats: int = 2  # single-worker runs of the starter, alternately before and after
     baseline_epochs: int = 2  # epochs of each baseline run (the first is warm-up, not timed)
+    #: baselines further apart than this (max/min - 1) mean the machine's speed changed: one more
+    #: is measured, and without two that agree throughput is "too noisy to grade", not a verdict
+    baseline_tolerance: float = 0.25
     workers: int = WORKERS
     epochs_held: int = EPOCHS_HELD
     max_output_bytes: int = MAX_OUTPUT_BYTES
+    max_memory_bytes: int = MAX_MEMORY_BYTES
+    min_allreduces_per_epoch: int = MIN_ALLREDUCES_PER_EPOCH
     measured: bool = True  # False: the numbers are an estimate nobody has calibrated yet
     note: str = ""
 
@@ -92,7 +106,8 @@ class Settings:
             f"{self.epochs_held} consecutive epochs",
             f"  time budget : T = {self.time_budget_s:.0f} s for the whole run (it is stopped after that)",
             f"  throughput  : E = {self.efficiency:.2f} x ideal, ideal = min({self.workers}, cores or GPUs) x "
-            f"one worker running the unmodified starter ({self.baseline_repeats} baseline run(s) in the same grading)",
+            f"one worker (one thread, or one GPU) running the unmodified starter ({self.baseline_repeats} "
+            "baseline run(s) in the same grading)",
             f"  data        : {self.train_per_class} training images per class",
             "  pass        : all 10 points (workers 2, identical weights 2, sharded data 2, accuracy 3, throughput 1)",
         ]

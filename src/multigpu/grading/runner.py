@@ -9,8 +9,14 @@ in its own session and guarantees, whatever the script does:
 - no process it started outlives it: its process tree is tracked while it runs, and every
   process that carries the job's token in its environment (even one that left the session with
   ``setsid``) is killed when the job ends;
+- it is killed once its processes together hold more than ``max_memory_bytes`` of memory
+  (``memory_exceeded``);
 - the moment each checkpoint file ``rank-<R>-epoch-<E>.pt`` appears is recorded by the grader's
-  clock (``epoch_times``), so throughput never depends on what the script claims.
+  clock (``epoch_times``), so throughput never depends on what the script claims;
+- with ``sandbox=...`` it runs inside bubblewrap (:mod:`multigpu.grading.sandbox`: read-only
+  system, private HOME and network namespace, its own PID namespace), and the bytes its
+  workers sent each other over that private loopback are counted from outside
+  (``loopback_bytes``): a fact of the kernel's, not of the script's.
 """
 
 from __future__ import annotations
@@ -56,10 +62,16 @@ class RunRecord:
     checkpoint_times: dict[tuple[int, int], float] = field(default_factory=dict)
     #: epoch -> seconds after the start when the last rank's checkpoint of it was first seen
     epoch_times: dict[int, float] = field(default_factory=dict)
+    memory_exceeded: bool = False
+    peak_memory_bytes: int = 0
+    #: ran inside the sandbox
+    sandboxed: bool = False
+    #: bytes sent over the sandbox's own loopback (None: not sandboxed, or never seen)
+    loopback_bytes: int | None = None
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out and not self.output_exceeded
+        return self.returncode == 0 and not self.timed_out and not self.output_exceeded and not self.memory_exceeded
 
 
 def _python_env(extra: dict[str, str] | None, token: str) -> dict[str, str]:
@@ -69,6 +81,34 @@ def _python_env(extra: dict[str, str] | None, token: str) -> dict[str, str]:
     env = launch._pythonpath_env(extra)
     env[TOKEN_VAR] = token
     return env
+
+
+def _memory(pids: set[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+_OWN_NET = os.readlink("/proc/self/ns/net") if os.path.exists("/proc/self/ns/net") else ""
+
+
+def _loopback_tx(pids: set[int]) -> int | None:
+    """Bytes sent on ``lo`` in the network namespace of the first of ``pids`` that is not ours."""
+    for pid in sorted(pids):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") == _OWN_NET:
+                continue
+            for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines():
+                name, _, fields = line.partition(":")
+                if name.strip() == "lo":
+                    return int(fields.split()[8])  # rx: 8 fields, then tx bytes
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 def _descendants(pid: int) -> set[int]:
@@ -133,24 +173,35 @@ def run_script(
     checkpoint_dir: str | os.PathLike | None = None,
     echo: bool = False,
     log: Callable[[str], None] | None = None,
+    max_memory_bytes: int | None = None,
+    sandbox: dict[str, Sequence[str | os.PathLike]] | None = None,
 ) -> RunRecord:
     """Run ``script`` in ``workdir`` (created) with the bounds above.
 
     ``workers=None`` runs one plain ``python script``; ``workers=N`` runs it under
     ``horovodrun -np N -H localhost:N``. ``echo`` prints the output live (capped);
-    ``log`` receives one line when the run ends.
+    ``log`` receives one line when the run ends. ``sandbox`` (``{"readable": [...], "hidden":
+    [...]}``, see :func:`sandbox.command`) runs it in bubblewrap with ``workdir`` its only
+    writable folder; the script must then lie inside ``workdir``.
     """
-    workdir = Path(workdir)
+    from multigpu import launch
+    from multigpu.grading import sandbox as sb
+
+    workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(Path(script).resolve()), *map(str, args)]
     if workers is not None:
-        from multigpu import launch
-
         command = [launch._bin("horovodrun"), "-np", str(workers), "-H", f"localhost:{workers}", *command]
     token = uuid.uuid4().hex
+    if sandbox is not None:
+        popen_env = sb.environment({**(env or {}), TOKEN_VAR: token})
+        argv = sb.command(command, workdir=workdir, readable=sandbox.get("readable", ()),
+                          hidden=sandbox.get("hidden", ()))
+    else:
+        popen_env, argv = _python_env(env, token), command
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
     start = time.monotonic()
-    proc = subprocess.Popen(command, cwd=workdir, env=_python_env(env, token), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(argv, cwd=workdir, env=popen_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     state = {"bytes": 0, "exceeded": False, "echoed": 0}
@@ -180,7 +231,9 @@ def run_script(
     reader.start()
     seen: dict[tuple[int, int], float] = {}
     known: set[int] = set()
-    timed_out = False
+    timed_out = memory_exceeded = False
+    peak = 0
+    loopback: int | None = None
     try:
         while proc.poll() is None:
             elapsed = time.monotonic() - start
@@ -189,7 +242,17 @@ def run_script(
                 break
             if state["exceeded"]:
                 break
-            known |= _descendants(proc.pid)
+            alive = _descendants(proc.pid)
+            known |= alive
+            used = _memory(alive | {proc.pid})
+            peak = max(peak, used)
+            if max_memory_bytes is not None and used > max_memory_bytes:
+                memory_exceeded = True
+                break
+            if sandbox is not None:
+                sent = _loopback_tx(alive)
+                if sent is not None:
+                    loopback = max(sent, loopback or 0)
             _scan(ckpt, start, seen)
             time.sleep(POLL_S)
     finally:
@@ -208,9 +271,11 @@ def run_script(
         text = bytes(tail[-TAIL_BYTES:]).decode(errors="replace")
         record = RunRecord(command=command, returncode=proc.returncode, wall_s=wall, timed_out=timed_out,
                            output_exceeded=state["exceeded"] and not timed_out, output_bytes=state["bytes"],
-                           tail=text[-TAIL_BYTES:], checkpoint_times=dict(seen), epoch_times=epoch_times)
+                           tail=text[-TAIL_BYTES:], checkpoint_times=dict(seen), epoch_times=epoch_times,
+                           memory_exceeded=memory_exceeded, peak_memory_bytes=peak,
+                           sandboxed=sandbox is not None, loopback_bytes=loopback)
     if log is not None:
         how = ("timed out" if record.timed_out else "stopped: too much output" if record.output_exceeded
-               else f"exit code {record.returncode}")
+               else "stopped: too much memory" if record.memory_exceeded else f"exit code {record.returncode}")
         log(f"{' '.join(command[:5])} ...: {how} after {wall:.1f} s")
     return record

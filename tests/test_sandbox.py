@@ -1,0 +1,182 @@
+"""The grading sandbox against hostile submissions, with real files at their real locations:
+the course key under the grader's HOME, a gradebook and another learner's submission under the
+course's grading/ folder, the course package, the venv's site-packages, the cached training set.
+
+Skipped (with the reason) only where bubblewrap cannot start; `make setup` installs it as root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from multigpu import data
+from multigpu.grading import grader, rules, runner, sandbox
+
+pytestmark = pytest.mark.skipif(sandbox.unavailable() is not None, reason=f"no sandbox: {sandbox.unavailable()}")
+
+PROBE = Path(__file__).parent / "fixtures" / "hostile_probe.py"
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def real_places(repo, tmp_path, monkeypatch):
+    """The real locations a hostile script goes for, made to exist for the test (and removed after
+    only where the test made them)."""
+    made: list[Path] = []
+    key_dir = Path.home() / ".config" / f"multigpu-test-{uuid.uuid4().hex[:8]}"  # the grader's HOME
+    key_dir.mkdir(parents=True)
+    made.append(key_dir)
+    key = key_dir / "course-key"
+    key.write_text("-----BEGIN PRIVATE KEY-----\nnot a real key, a real place\n")
+    key.chmod(0o600)
+    monkeypatch.setenv("MULTIGPU_COURSE_KEY", str(key))
+    grading = repo / "grading"
+    if not grading.exists():
+        grading.mkdir()
+        made.append(grading)
+    gradebook = grading / "gradebook.db"
+    if not gradebook.exists():
+        gradebook.write_bytes(b"SQLite format 3\x00 test gradebook")
+        made.append(gradebook)
+    other = grading / "submitted" / f"other-{uuid.uuid4().hex[:6]}" / "assessments" / "train.py"
+    other.parent.mkdir(parents=True)
+    other.write_text("# another learner's work\n")
+    made.append(other.parents[1])
+    results = grading / "results"
+    if not results.exists():
+        results.mkdir()
+        made.append(results)
+    train_root = data.ensure_dataset(train_per_class=rules.QUICK.train_per_class,
+                                     val_per_class=rules.QUICK.val_per_class, progress=False)
+    image = next((train_root / "train").rglob("*.jpg"))
+    private = tmp_path / "grader-private"
+    private.mkdir()
+    (private / "holdout-marker").write_text("the grader's own")
+    places = {
+        "key": str(key), "gradebook": str(gradebook), "other_submission": str(other),
+        "package_file": str(Path(grader.__file__)), "site_packages": sysconfig.get_paths()["purelib"],
+        "training_image": str(image), "results": str(results), "grader_private": str(private),
+        "grader_pid": os.getpid(),
+    }
+    watched = [key, gradebook, other, Path(grader.__file__), image]
+    before = {p: _digest(p) for p in watched}
+    yield places, train_root, before
+    for p in reversed(made):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def test_a_hostile_submission_reaches_nothing_of_the_grader(real_places, tmp_path):
+    places, train_root, before = real_places
+    work = tmp_path / "work"
+    work.mkdir()
+    script = work / "train.py"
+    shutil.copy(PROBE, script)
+    rules_ = grader.sandbox_rules(train_root, [places["grader_private"]])
+    rec = runner.run_script(script, work, workers=None, timeout=60, max_output_bytes=100_000,
+                            args=[json.dumps(places)], sandbox=rules_)
+    assert rec.returncode == 0 and rec.sandboxed, rec.tail
+    line = next(x for x in rec.tail.splitlines() if x.startswith("PROBE "))
+    got = json.loads(line[len("PROBE "):])
+    for attempt in ("read_key", "read_gradebook", "read_other_submission", "write_package", "write_site_packages",
+                    "write_training_set", "write_results", "read_grader_private", "see_grader", "network"):
+        assert str(got[attempt]).startswith("refused"), f"{attempt}: {got[attempt]}"
+    assert got["home_empty"], "the submission saw the grader's HOME"
+    assert got["writable_here"], "the submission must be able to write its own folder (checkpoints)"
+    # and from outside: every real file is as it was, nothing was added
+    for path, digest in before.items():
+        assert _digest(path) == digest, f"{path} was changed by a sandboxed submission"
+    assert not (Path(places["site_packages"]) / "evil.pth").exists()
+    assert not (Path(places["results"]) / "forged.json").exists()
+    assert places["key"] not in rec.tail and "not a real key" not in rec.tail
+
+
+def test_no_process_outlives_the_sandbox_even_a_double_fork_with_a_clean_environment(tmp_path):
+    marker = uuid.uuid4().hex
+    body = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        os.execve(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)', '{marker}'], {{}})\n"
+        "    os._exit(0)\n"
+        "time.sleep(1)\n"
+        "print('escaped?', flush=True)\n"
+    )
+    (tmp_path / "w").mkdir()
+    script = tmp_path / "w" / "train.py"
+    script.write_text(body)
+    rec = runner.run_script(script, tmp_path / "w", workers=None, timeout=30, max_output_bytes=10_000,
+                            sandbox={"readable": [], "hidden": []})
+    assert rec.returncode == 0 and "escaped?" in rec.tail, rec.tail
+    time.sleep(0.5)
+    alive = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert not alive, f"a process of a sandboxed job survived it: {alive}"
+
+
+def test_output_written_through_proc_is_capped_like_any_other(tmp_path, capfd):
+    (tmp_path / "w").mkdir()
+    script = tmp_path / "w" / "train.py"
+    # the grader's own stdout is not reachable: in its own PID namespace the script sees only itself
+    script.write_text(
+        "import os\n"
+        "chunk = b'x' * 1_000_000\n"
+        "targets = [f'/proc/{p}/fd/1' for p in os.listdir('/proc') if p.isdigit()]\n"
+        "for _ in range(200):\n"
+        "    for t in targets:\n"
+        "        try:\n"
+        "            with open(t, 'wb') as f: f.write(chunk)\n"
+        "        except OSError: pass\n")
+    rec = runner.run_script(script, tmp_path / "w", workers=None, timeout=60, max_output_bytes=2_000_000,
+                            sandbox={"readable": [], "hidden": []})
+    assert rec.output_exceeded, f"{rec.output_bytes} bytes, rc {rec.returncode}"
+    out, err = capfd.readouterr()
+    assert len(out) + len(err) < 100_000, "output reached the grader's own stdout around the pipe"
+
+
+def test_memory_is_bounded(tmp_path):
+    (tmp_path / "w").mkdir()
+    script = tmp_path / "w" / "train.py"
+    script.write_text("import time\nx = bytearray(1_500_000_000)\nfor i in range(0, len(x), 4096): x[i] = 1\n"
+                      "time.sleep(30)\n")
+    rec = runner.run_script(script, tmp_path / "w", workers=None, timeout=60, max_output_bytes=10_000,
+                            max_memory_bytes=500_000_000, sandbox={"readable": [], "hidden": []})
+    assert rec.memory_exceeded and not rec.ok and rec.wall_s < 30
+    assert "memory" in grader._run_failure(rec, rules.QUICK)
+
+
+def test_grading_for_a_certificate_refuses_without_the_sandbox(monkeypatch, tmp_path):
+    monkeypatch.setattr(sandbox, "unavailable", lambda: "bubblewrap is not installed (test)")
+    with pytest.raises(grader.SandboxUnavailable, match="bubblewrap"):
+        grader.grade(tmp_path / "train.py", rules.QUICK, sandbox="required")
+    result = grader.grade(tmp_path / "train.py", rules.QUICK)  # a learner still gets a verdict
+    assert result.score == 0 and "no submission" in result.criteria["workers"].message
+
+
+def test_the_sandbox_command_hides_home_and_binds_back_only_what_runs(tmp_path):
+    train = tmp_path / "data" / "train-set"
+    train.mkdir(parents=True)
+    argv = sandbox.command(["true"], workdir=tmp_path / "w", readable=[train], hidden=[tmp_path / "data"])
+    joined = " ".join(argv)
+    assert f"--tmpfs {Path.home().resolve()}" in joined and f"--tmpfs {(tmp_path / 'data').resolve()}" in joined
+    assert f"--ro-bind {train.resolve()} {train.resolve()}" in joined
+    assert f"--bind {(tmp_path / 'w').resolve()} {(tmp_path / 'w').resolve()}" in joined
+    for flag in ("--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session"):
+        assert flag in argv
+    assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    env = sandbox.environment({"X": "1"})
+    assert env["HOME"] == sandbox.HOME and "MULTIGPU_COURSE_KEY" not in env and env["X"] == "1"
+    assert sys.executable.rsplit("/", 1)[0] in env["PATH"]
