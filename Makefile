@@ -10,6 +10,8 @@ PORT   ?= 8888
 IP     ?= 127.0.0.1
 # instructor targets: SUBMISSIONS=folder-or-zip, STUDENT=id
 SUBMISSIONS ?= submissions
+# Jupyter refuses to run as root without this; containers and most cloud GPU images run as root
+ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --ServerApp.allow_root=True)
 # the venv's tools first (nbgrader calls `alembic`, notebooks call `horovodrun`)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
@@ -56,13 +58,13 @@ lab: $(STAMP)
 	$(BIN)/multigpu info || true
 	$(BIN)/multigpu data
 	JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/learner \
-	$(BIN)/jupyter lab --ServerApp.ip=$(IP) --ServerApp.port=$(PORT) --ServerApp.root_dir=$(CURDIR) \
+	$(BIN)/jupyter lab --ServerApp.ip=$(IP) --ServerApp.port=$(PORT) --ServerApp.root_dir=$(CURDIR) $(ALLOW_ROOT) \
 	    --LabApp.default_url=/lab/tree/notebooks/00-welcome.ipynb
 
 # the instructor's view: formgrader, Create Assignment and course list on (jupyter/instructor/)
 lab-instructor: $(STAMP)
 	JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/instructor \
-	$(BIN)/jupyter lab --ServerApp.ip=$(IP) --ServerApp.port=$(PORT) --ServerApp.root_dir=$(CURDIR) \
+	$(BIN)/jupyter lab --ServerApp.ip=$(IP) --ServerApp.port=$(PORT) --ServerApp.root_dir=$(CURDIR) $(ALLOW_ROOT) \
 	    --LabApp.default_url=/lab/tree/solutions
 
 grade-me: $(STAMP)

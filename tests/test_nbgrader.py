@@ -76,8 +76,9 @@ def graded_course(tmp_path_factory):
     if "assessments" in assignments:  # what make autograde runs next: the official, sandboxed grading
         from multigpu.grading import official, rules
 
-        graded = official.grade_submissions(course / "grading", rules.QUICK)
+            graded = official.grade_submissions(course / "grading", rules.QUICK)
         logs["assessments"] += "\n".join(g.result.report() for g in graded)
+        logs["official"] = {g.student: g.result for g in graded}
     return course, assignments, logs
 
 
@@ -149,3 +150,24 @@ def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_co
     assert not decisions[BLANK].certified and "not passed" in decisions[BLANK].reason, decisions[BLANK].reason
     # the solution passed the official grading, on the quick profile, which never certifies
     assert not decisions[SOLUTION].certified and "quick" in decisions[SOLUTION].reason, decisions[SOLUTION].reason
+
+
+@pytest.mark.slow
+def test_the_reference_passes_the_official_grading_and_its_result_certifies(graded_course, tmp_path):
+    """The reference conversion, graded for real: 4 workers, its defaults, the baselines, sandboxed."""
+    from multigpu.grading import certificates, sandbox
+
+    course, assignments, logs = graded_course
+    if "assessments" not in assignments:
+        pytest.skip("no assessment")
+    result = logs["official"][SOLUTION]
+    assert result.passed, "the reference solution must pass the quick profile:\n" + result.report()
+    assert result.sandboxed or sandbox.unavailable(), "the grader did not use the sandbox where it starts"
+    m = result.measurements
+    assert m["baselines"] and m["efficiency"] > 0 and len(m["accuracy_per_epoch"]) == m["epochs"] >= 2
+    private, public = certificates.keygen(tmp_path / "key")
+    record = certificates.make_record("Ada Lovelace", "ada", result.to_dict())
+    _, cert = certificates.issue(record, certificates.load_private_key(private), tmp_path / "certs")
+    verified = certificates.verify(cert, public)
+    assert verified.record["assessment"]["score"] == result.score == 10
+    assert verified.record["assessment"]["efficiency"] == m["efficiency"]
