@@ -214,3 +214,19 @@ def test_noisy_baselines_give_no_throughput_verdict():
     assert grader.agreeing_baselines([100.0, 110.0], 0.25) == [100.0, 110.0]
     assert grader.agreeing_baselines([100.0, 200.0], 0.25) is None
     assert grader.agreeing_baselines([100.0, 200.0, 105.0], 0.25) == [100.0, 105.0]
+
+
+def test_the_same_shard_every_epoch_is_named_a_missing_set_epoch(tmp_path):
+    from multigpu import data
+
+    train_root = data.ensure_dataset(train_per_class=QUICK.train_per_class, val_per_class=QUICK.val_per_class,
+                                     progress=False)
+    size = len(data.JPEGFolder(train_root, None, split="train"))
+    ckpts = {}
+    for epoch in (1, 2):
+        for rank in (0, 1):
+            ckpts[(rank, epoch)] = tmp_path / f"rank-{rank}-epoch-{epoch}.pt"
+            torch.save({"model": {"w": torch.ones(3)}, "indices": list(range(rank, size, 2))}, ckpts[(rank, epoch)])
+    rec = runner.RunRecord(command=[], returncode=0, wall_s=10, epoch_times={1: 4.0, 2: 8.0})
+    crit = grader._judge(rec, ckpts, BROKEN_SETTINGS, train_root, train_root, {"baselines": []}, print, "import horovod")
+    assert crit["sharded"].passed and "set_epoch" in crit["sharded"].message, crit["sharded"].message

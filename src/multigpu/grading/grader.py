@@ -311,19 +311,24 @@ def holdout_accuracy(state: dict[str, torch.Tensor], holdout: Path) -> float:
 # ----------------------------------------------------------------------------- the grading
 
 
-def prepare_data(settings: Settings, private: Path, progress: bool = False) -> tuple[Path, Path]:
-    """``(training set, held-out set)`` for ``settings``.
+def prepare_data(settings: Settings, private: Path, progress: bool = False) -> tuple[Path, Path, Path]:
+    """``(training set, held-out set, baseline set)`` for ``settings``.
 
-    The training set is generated once and cached (the sandbox shows it read-only). The
-    held-out set is generated afresh in ``private``, the grader's own folder that no submission
-    sees or writes (a few seconds; deterministic from :data:`rules.HOLDOUT_SEED`), so no earlier
-    submission can have changed it.
+    The training set is generated once and cached (the sandbox shows it read-only); so is the
+    smaller set the baseline measures its images/s on (the same images, fewer of them: the
+    speed per image is what counts). The held-out set is generated afresh in ``private``, the
+    grader's own folder that no submission sees or writes (a few seconds; deterministic from
+    :data:`rules.HOLDOUT_SEED`), so no earlier submission can have changed it.
     """
     train = data.ensure_dataset(train_per_class=settings.train_per_class, val_per_class=settings.val_per_class,
                                 progress=progress)
+    baseline = train
+    if settings.baseline_per_class and settings.baseline_per_class != settings.train_per_class:
+        baseline = data.ensure_dataset(train_per_class=settings.baseline_per_class, val_per_class=settings.val_per_class,
+                                       progress=progress)
     holdout = data.ensure_dataset(private / "holdout", train_per_class=0, val_per_class=settings.holdout_per_class,
                                   seed=rules.HOLDOUT_SEED, progress=progress)
-    return train, holdout
+    return train, holdout, baseline
 
 
 def _images_per_epoch(loaded: dict[tuple[int, int], dict]) -> dict[int, int]:
@@ -354,7 +359,8 @@ def _run_failure(rec: runner.RunRecord, settings: Settings) -> str | None:
     return None
 
 
-def sandbox_rules(train_root: Path, extra_hidden: Sequence[os.PathLike | str] = ()) -> dict[str, list]:
+def sandbox_rules(train_root: Path, extra_hidden: Sequence[os.PathLike | str] = (),
+                  readable: Sequence[os.PathLike | str] = ()) -> dict[str, list]:
     """What a grading run may read and what it must not see (see :mod:`multigpu.grading.sandbox`):
     the training set readable; the course key's folder, the data cache (the grader's held-out set
     is elsewhere, in its private folder under the hidden /tmp), every ``grading/`` folder
@@ -363,7 +369,7 @@ def sandbox_rules(train_root: Path, extra_hidden: Sequence[os.PathLike | str] = 
 
     hidden = [certificates.default_key_path().parent, data.data_home(), REPO / "grading",
               Path.cwd() / "grading", *extra_hidden]
-    return {"readable": [train_root], "hidden": [h for h in hidden if Path(h).exists()]}
+    return {"readable": [train_root, *readable], "hidden": [h for h in hidden if Path(h).exists()]}
 
 
 def _baseline(settings: Settings, workdir: Path, train_root: Path, index: int, log: Log,
@@ -445,8 +451,8 @@ def grade(
         work = Path(tmp).resolve()
         private = work / "grader"  # the held-out set: never bound into a sandbox
         log("preparing the data (the training set and the grader's own held-out set)")
-        train_root, holdout = prepare_data(settings, private)
-        rules_ = None if why_not else sandbox_rules(train_root, [private, *hidden])
+        train_root, holdout, baseline_root = prepare_data(settings, private)
+        rules_ = None if why_not else sandbox_rules(train_root, [private, *hidden], [baseline_root])
         submission = work / "submission"
         submission.mkdir()
         shutil.copy(script_path, submission / "train.py")  # the script runs from a scratch copy
@@ -454,7 +460,7 @@ def grade(
 
         repeats = settings.baseline_repeats
         before, after = (repeats + 1) // 2, repeats // 2
-        baselines: list[float | None] = [_baseline(settings, work, train_root, i, log, rules_) for i in range(before)]
+        baselines: list[float | None] = [_baseline(settings, work, baseline_root, i, log, rules_) for i in range(before)]
         log(f"running {script_path.name} on {settings.workers} workers (time budget {settings.time_budget_s:.0f} s)")
         rec = runner.run_script(submission / "train.py", submission, workers=settings.workers,
                                 timeout=settings.time_budget_s, max_output_bytes=settings.max_output_bytes,
@@ -463,11 +469,11 @@ def grade(
                                 sandbox=rules_)
         measurements["run_s"] = round(rec.wall_s, 2)
         measurements["loopback_bytes"] = rec.loopback_bytes
-        baselines += [_baseline(settings, work, train_root, before + i, log, rules_) for i in range(after)]
+        baselines += [_baseline(settings, work, baseline_root, before + i, log, rules_) for i in range(after)]
         if repeats >= 2 and agreeing_baselines(baselines, settings.baseline_tolerance) is None:
             log(f"the baselines disagree ({', '.join(f'{b:.1f}' for b in baselines if b)} images/s): "
                 "the machine's speed changed; measuring once more")
-            baselines.append(_baseline(settings, work, train_root, len(baselines), log, rules_))
+            baselines.append(_baseline(settings, work, baseline_root, len(baselines), log, rules_))
         measurements["baselines"] = [round(b, 2) for b in baselines if b]
         source = script_path.read_text(errors="replace")
         criteria = _judge(rec, _checkpoints(ckpt), settings, train_root, holdout, measurements, log, source)
@@ -601,9 +607,13 @@ def _judge(
                            "every epoch must cover the training set")
             if problem:
                 break
-        crit["sharded"] = Criterion("sharded", POINTS["sharded"], not problem, problem or
+        same_every_epoch = len(complete) >= 2 and all(
+            set(loaded[(r, complete[0])]["indices"]) == set(loaded[(r, e)]["indices"]) for r in range(n) for e in complete)
+        hint = (" Note: every rank trained on the same shard in every epoch: call sampler.set_epoch(epoch) at the "
+                "start of each epoch so that the shards are reshuffled" if same_every_epoch else "")
+        crit["sharded"] = Criterion("sharded", POINTS["sharded"], not problem, (problem or
                                     f"disjoint shards covering all {train_size} training samples in each of "
-                                    f"{len(complete)} epochs")
+                                    f"{len(complete)} epochs") + hint)
 
     # --- accuracy on the grader's held-out set
     if not usable:

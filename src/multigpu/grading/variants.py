@@ -63,5 +63,7 @@ def write(name: str, reference: Path, dest: Path) -> Path:
         source = source.replace(old, new)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(f'"""BROKEN VARIANT {name} of the reference (multigpu.grading.variants)."""\n' + source)
+    if source.startswith('"""'):  # say so in the docstring (a second one would break `from __future__`)
+        source = f'"""BROKEN VARIANT {name} (multigpu.grading.variants) of the ' + source[3:]
+    dest.write_text(source)
     return dest
