@@ -76,7 +76,7 @@ def graded_course(tmp_path_factory):
     if "assessments" in assignments:  # what make autograde runs next: the official, sandboxed grading
         from multigpu.grading import official, rules
 
-            graded = official.grade_submissions(course / "grading", rules.QUICK)
+        graded = official.grade_submissions(course / "grading", rules.QUICK)
         logs["assessments"] += "\n".join(g.result.report() for g in graded)
         logs["official"] = {g.student: g.result for g in graded}
     return course, assignments, logs
