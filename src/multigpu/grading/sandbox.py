@@ -47,9 +47,9 @@ def unavailable() -> str | None:
     if exe is None:
         return ("bubblewrap (bwrap) is not installed: 'make setup' installs it as root "
                 "(apt-get install bubblewrap); without it grading is not sandboxed")
-    probe = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-             "--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--cap-drop", "ALL",
-             sys.executable, "-c", "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print('ok')"]
+    # the very command a grading uses (Python from the venv, wherever the course lives)
+    probe = command([sys.executable, "-c", "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print('ok')"],
+                    workdir=Path("/"), writable=False)
     try:
         out = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -68,6 +68,7 @@ def command(
     workdir: Path,
     readable: Iterable[os.PathLike | str] = (),
     hidden: Iterable[os.PathLike | str] = (),
+    writable: bool = True,
 ) -> list[str]:
     """``argv`` wrapped in bubblewrap with the rules of the module doc.
 
@@ -78,15 +79,15 @@ def command(
     """
     exe = bwrap()
     if exe is None:
-        raise RuntimeError(unavailable() or "bwrap not found")
+        raise RuntimeError("bubblewrap (bwrap) is not installed")
     workdir = Path(workdir).resolve()
     home = Path.home().resolve()
-    hide = [home, *(Path(h).resolve() for h in hidden)]
-    # what the submission needs to run, even where it lies under the grader's HOME (pyenv, a venv
-    # or the course checked out in ~): Python, the venv, the package
+    hide = [Path("/tmp"), home, *(Path(h).resolve() for h in hidden)]
+    # what the submission needs to run, even where it lies under a hidden folder (pyenv in ~, the
+    # course and its venv checked out in ~ or in /tmp): Python, the venv, the package
     needed = [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(__file__).resolve().parents[2]]
     needed += [Path(p).resolve() for p in readable]
-    args = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", HOME]
+    args = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for h in sorted(set(hide), key=lambda p: len(p.parts)):  # outer folders first
         if h.is_dir():
             args += ["--tmpfs", str(h)]
@@ -100,7 +101,10 @@ def command(
     for h in hide:
         if h.is_dir() and any(n in h.parents for n in back):
             args += ["--tmpfs", str(h)]
-    args += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir),
+    args += ["--dir", HOME]
+    if writable:
+        args += ["--bind", str(workdir), str(workdir)]
+    args += ["--chdir", str(workdir),
              "--unshare-net", "--unshare-pid", "--unshare-ipc",  # (a new host name does not resolve: Gloo crashes)
              "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--"]
     return args + list(argv)
