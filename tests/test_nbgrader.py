@@ -21,6 +21,10 @@ from conftest import REPO
 
 SOLUTION, BLANK = "solution-student", "blank-student"
 
+# the module's fixture autogrades every lab notebook and runs two official gradings (about 19
+# minutes on 2 cores, measured 2026-11-23): more than the suite's default per-test timeout
+pytestmark = pytest.mark.timeout(3600)
+
 #: What a learner could add to the assessment notebook: a cell that fakes a passing grader in
 #: the kernel and writes a forged result file next to the notebook.
 FAKE_GRADER_CELL = """\
