@@ -22,6 +22,7 @@ The time, output and memory bounds are the runner's (:mod:`multigpu.grading.runn
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import shutil
 import subprocess
@@ -88,6 +89,10 @@ def command(
     needed = [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(__file__).resolve().parents[2]]
     needed += [Path(p).resolve() for p in readable]
     args = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    # GPU mode: the new /dev has no GPU; bind the NVIDIA device nodes back (written without a
+    # GPU to test on: the gpu profile is marked UNMEASURED until someone grades on one)
+    for node in sorted(glob.glob("/dev/nvidia*")):
+        args += ["--dev-bind", node, node]
     for h in sorted(set(hide), key=lambda p: len(p.parts)):  # outer folders first
         if h.is_dir():
             args += ["--tmpfs", str(h)]
