@@ -142,15 +142,17 @@ def save_result(result: GradeResult, path: str | os.PathLike = RESULT_FILE) -> P
     return path
 
 
-def _all_fail(script: str, settings: Settings, message: str, **measurements: Any) -> GradeResult:
+def _all_fail(script: str, settings: Settings, message: str, *, sandboxed: bool = True,
+              **measurements: Any) -> GradeResult:
+    """Every criterion failed with ``message`` (by default: nothing of the submission ran, so
+    nothing escaped a sandbox)."""
     return GradeResult(script, settings, {n: Criterion(n, p, False, message) for n, p in POINTS.items()},
-                       dict(measurements), sandboxed=True)  # nothing of the submission ran
+                       dict(measurements), sandboxed=sandboxed)
 
 
 def deferred(settings: Settings, message: str) -> GradeResult:
     """A result that grades nothing: the official grading decides (no points here)."""
-    return GradeResult("train.py", settings, {n: Criterion(n, p, False, message) for n, p in POINTS.items()},
-                       sandboxed=False)
+    return _all_fail("train.py", settings, message, sandboxed=False)
 
 
 # ----------------------------------------------------------------------------- reading a submission
@@ -652,6 +654,7 @@ def _judge(
     images = _images_per_epoch(loaded) if usable else {}
     throughput = run_throughput(rec, images) if usable else None
     baselines = m.get("baselines") or []
+    agreeing = agreeing_baselines(baselines, settings.baseline_tolerance) if len(baselines) >= 2 else baselines
     m["throughput"] = round(throughput, 2) if throughput else None
     prerequisites = [c for c in ("workers", "identical", "sharded", "accuracy") if not crit[c].passed]
     if not baselines:
@@ -661,7 +664,7 @@ def _judge(
     elif throughput is None:
         crit["throughput"] = Criterion("throughput", POINTS["throughput"], False,
                                        "not measured: the run needs at least 2 complete epochs (the first is warm-up)")
-    elif len(baselines) >= 2 and agreeing_baselines(baselines, settings.baseline_tolerance) is None:
+    elif agreeing is None:
         m["noisy"] = True
         crit["throughput"] = Criterion(
             "throughput", POINTS["throughput"], False,
@@ -669,7 +672,7 @@ def _judge(
             f"{', '.join(f'{b:.1f}' for b in baselines)} images/s, more than {settings.baseline_tolerance:.0%} apart "
             "(something else ran on this machine). Not a verdict on your script: grade again on a quiet machine")
     else:
-        baselines = agreeing_baselines(baselines, settings.baseline_tolerance) or baselines
+        baselines = agreeing
         baseline = statistics.median(baselines)
         ideal = devices.ideal_factor(n) * baseline
         eff = throughput / ideal

@@ -47,7 +47,8 @@ WORKERS = 4
 EPOCHS_HELD = 2
 #: Seed of the grader's own held-out set (the course's data set uses seed 0 for train and val).
 HOLDOUT_SEED = 7919
-#: Where the notebook's grading cell saves the result (next to the notebook); certificates read it.
+#: Where ``multigpu grade --save`` writes a learner's own copy of a result (next to the script);
+#: certificates never read it: they read the official result in grading/results/.
 RESULT_FILE = "grading-result.json"
 #: Cap on what a submission may print (bytes, all ranks together) before it is stopped.
 MAX_OUTPUT_BYTES = 2_000_000
