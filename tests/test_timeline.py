@@ -72,3 +72,25 @@ def test_plot_draws_one_row_per_tensor_in_ready_order():
     assert len(ax.collections) == 6  # 3 phases x 2 tensors
     with pytest.raises(ValueError, match="no timeline events"):
         timeline.plot(timeline.spans(events), window=(100.0, 101.0))
+
+
+def test_load_of_someone_elses_file_is_bounded_and_refuses_what_is_not_a_timeline(tmp_path):
+    """``max_bytes``: the grader reading the timeline a submission's run left in its own folder."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_events()))
+    assert timeline.load(path, max_bytes=10**6) == _events()
+    with pytest.raises(ValueError, match="larger than"):
+        timeline.load(path, max_bytes=100)
+    link = tmp_path / "link.json"
+    link.symlink_to(path)
+    assert timeline.load(link) == _events()  # a learner's own file: as before
+    with pytest.raises(ValueError, match="cannot be opened"):
+        timeline.load(link, max_bytes=10**6)
+    for text in ('[{"ph": "E"}, 3]', "[1, 2]"):
+        path.write_text(text)
+        with pytest.raises(ValueError, match="not a list of timeline events"):
+            timeline.load(path, max_bytes=10**6)
+    for junk in ("7", '{"ph": "E"}', "}" * 100_000):  # the last: many places to cut, a few tries only
+        path.write_text(junk)
+        with pytest.raises(ValueError):
+            timeline.load(path, max_bytes=10**6)

@@ -12,6 +12,8 @@ closing bracket; :func:`load` copes.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -48,25 +50,57 @@ class Span:
         return self.end - self.start
 
 
-def load(path: str | Path) -> list[dict[str, Any]]:
-    """The events of a timeline file (tolerates a missing closing ``]`` and a trailing comma)."""
-    text = Path(path).read_text().strip()
+def load(path: str | Path, max_bytes: int | None = None) -> list[dict[str, Any]]:
+    """The events of a timeline file (tolerates a missing closing ``]`` and a trailing comma).
+
+    ``max_bytes`` (a file someone else wrote, e.g. the grader reading a submission's run) reads
+    it defensively: a regular file only (no symbolic link, FIFO or device), at most
+    ``max_bytes``, and anything that is not a list of events raises ``ValueError``.
+    """
+    text = (Path(path).read_text() if max_bytes is None else _read_bounded(Path(path), max_bytes)).strip()
     if not text:
         return []
     text = text.rstrip(",")
     if not text.endswith("]"):
         text += "]"
     try:
-        return json.loads(text)
+        events = json.loads(text)
     except json.JSONDecodeError:
-        # a half-written last event (the run was killed): drop it
-        cut = text.rfind("}")
-        while cut > 0:
+        # a half-written last event (the run was killed): drop it. It ends a few "}" before the
+        # end at most (an event nests one object), so a handful of tries, not one per "}"
+        cut, events = text.rfind("}"), None
+        for _ in range(_RECOVERY_TRIES):
+            if cut <= 0:
+                break
             try:
-                return json.loads(text[: cut + 1].rstrip(",") + "]")
+                events = json.loads(text[: cut + 1].rstrip(",") + "]")
+                break
             except json.JSONDecodeError:
                 cut = text.rfind("}", 0, cut)
-        raise
+        if events is None:
+            raise
+    if max_bytes is not None and not (isinstance(events, list) and all(isinstance(e, dict) for e in events)):
+        raise ValueError(f"{Path(path).name} is not a list of timeline events")
+    return events
+
+
+#: Cuts :func:`load` tries when the end of a file is half-written.
+_RECOVERY_TRIES = 8
+
+
+def _read_bounded(path: Path, max_bytes: int) -> str:
+    """The text of ``path`` if it is a regular file of at most ``max_bytes`` (ValueError otherwise)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise ValueError(f"{path.name} cannot be opened: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path.name} is not a regular file")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path.name} is larger than {max_bytes:,} bytes")
+    return data.decode("utf-8", errors="replace")
 
 
 def spans(events: Iterable[dict[str, Any]]) -> list[Span]:
