@@ -9,6 +9,8 @@ grading in tests/test_nbgrader.py, which also issues and verifies its certificat
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 import uuid
@@ -135,9 +137,13 @@ def test_no_process_of_a_job_outlives_it(tmp_path):
 # ----------------------------------------------------------------------------- real gradings
 
 
-def _grade(name: str, settings: rules.Settings = BROKEN_SETTINGS, args=TWO_EPOCHS) -> grader.GradeResult:
+def _grade(name: str, settings: rules.Settings = BROKEN_SETTINGS, args=TWO_EPOCHS, tmp: Path | None = None
+           ) -> grader.GradeResult:
+    """Grade fixture ``name`` (tests/fixtures/assessment/) or, when ``tmp`` is given, variant ``name``
+    of the reference (grading/variants.py), written to ``tmp``."""
     t = time.monotonic()
-    result = grader.grade(FIX / f"{name}.py", settings, args=args)
+    script = FIX / f"{name}.py" if tmp is None else variants.write(name, grader.REFERENCE, tmp / f"{name}.py")
+    result = grader.grade(script, settings, args=args)
     result.measurements["test_grading_s"] = time.monotonic() - t
     print(result.report())
     return result
@@ -149,14 +155,25 @@ def _grade(name: str, settings: rules.Settings = BROKEN_SETTINGS, args=TWO_EPOCH
     ("no_broadcast", "identical", "weights differ"),
     ("no_sampler", "sharded", "more than one rank"),
     ("fake_metrics", "accuracy", "the grader measured"),
+    # a variant of the reference (grading/variants.py): torch DDP launched by horovodrun
+    ("ddp_under_horovodrun", "identical", "no Horovod gradient all-reduce"),
 ])
-def test_each_broken_variant_fails_with_the_right_message(name, criterion, words):
-    result = _grade(name)
+def test_each_broken_variant_fails_with_the_right_message(name, criterion, words, tmp_path):
+    result = _grade(name, tmp=tmp_path if name in variants.EDITS else None)
     assert not result.passed
     c = result.criteria[criterion]
     assert not c.passed and words in c.message, c.message
     if name != "unconverted":
         assert result.ok("workers"), result.message("workers")  # it ran; it is wrong for another reason
+    if name == "ddp_under_horovodrun":  # it trains correctly: only Horovod's absence fails it
+        assert variants.MUST_FAIL[name] == criterion
+        assert "DistributedOptimizer" in c.message and "torch DDP" in c.message, c.message
+        assert result.measurements["max_weight_difference"] <= grader.IDENTICAL_TOL
+        assert result.measurements["horovod_timeline_bytes"] is None  # hvd.init() never ran: no timeline
+        assert "not counted" in result.criteria["sharded"].message
+        if result.sandboxed:  # the kernel saw DDP's all-reduces: the loopback check alone passes it
+            assert result.measurements["gradient_allreduces_per_epoch"] >= rules.MIN_ALLREDUCES_PER_EPOCH
+            assert "Also:" not in c.message, c.message
 
 
 def test_a_crash_on_one_rank_is_graded_with_its_traceback():
@@ -188,11 +205,16 @@ def test_identical_weights_on_the_scripts_word_do_not_count_without_averaged_gra
     result = grader.grade(script, BROKEN_SETTINGS, args=TWO_EPOCHS)
     print(result.report())
     assert result.ok("workers"), result.message("workers")
+    c = result.criteria["identical"]
+    # Horovod's own timeline (every mode): broadcasts and the validation counts, no gradient
+    assert not c.passed and "no Horovod gradient all-reduce" in c.message and "DistributedOptimizer" in c.message, \
+        c.message
+    assert result.measurements["horovod_timeline_bytes"] > 0
+    assert result.measurements["horovod_gradient_rounds_per_epoch"] == 0
+    assert not result.ok("sharded") and "not counted" in result.criteria["sharded"].message
     if not result.sandboxed:
         pytest.skip(f"the gradient traffic is counted in the sandbox only: {sandbox.unavailable()}")
-    c = result.criteria["identical"]
-    assert not c.passed and "all-reduce" in c.message and "DistributedOptimizer" in c.message, c.message
-    assert not result.ok("sharded") and "not counted" in result.criteria["sharded"].message
+    assert "Also: the workers sent each other" in c.message, c.message  # the kernel's view agrees
     assert result.measurements["gradient_allreduces_per_epoch"] < rules.MIN_ALLREDUCES_PER_EPOCH
 
 
@@ -208,6 +230,9 @@ def test_every_variant_edit_applies_to_the_reference(tmp_path):
         text = variants.write(name, grader.REFERENCE, tmp_path / f"{name}.py").read_text()
         compile(text, name, "exec")
         assert text != grader.REFERENCE.read_text()
+        assert name in variants.MUST_FAIL
+    ddp = (tmp_path / "ddp_under_horovodrun.py").read_text()
+    assert "hvd." not in ddp and "horovod.torch" not in ddp and "DistributedDataParallel" in ddp
 
 
 def test_noisy_baselines_give_no_throughput_verdict():
@@ -228,5 +253,181 @@ def test_the_same_shard_every_epoch_is_named_a_missing_set_epoch(tmp_path):
             ckpts[(rank, epoch)] = tmp_path / f"rank-{rank}-epoch-{epoch}.pt"
             torch.save({"model": {"w": torch.ones(3)}, "indices": list(range(rank, size, 2))}, ckpts[(rank, epoch)])
     rec = runner.RunRecord(command=[], returncode=0, wall_s=10, epoch_times={1: 4.0, 2: 8.0})
-    crit = grader._judge(rec, ckpts, BROKEN_SETTINGS, train_root, train_root, {"baselines": []}, print, "import horovod")
+    timeline = _write_timeline(tmp_path / grader.TIMELINE_FILE, {"w": [3]}, rounds=10)
+    crit = grader._judge(rec, ckpts, BROKEN_SETTINGS, train_root, train_root, {"baselines": []}, print,
+                         "import horovod", timeline_path=timeline)
+    assert crit["identical"].passed, crit["identical"].message
     assert crit["sharded"].passed and "set_epoch" in crit["sharded"].message, crit["sharded"].message
+
+
+# ----------------------------------------------------------------------------- Horovod's own account: its timeline
+
+
+def _write_timeline(path: Path, shapes: dict[str, list[int]], rounds: int) -> Path:
+    """A timeline in the format Horovod's rank 0 writes (checked against a real one in
+    test_the_timeline_of_a_real_horovod_run_counts_its_gradient_rounds): ``rounds`` completed
+    all-reduces of each named tensor, unterminated as Horovod often leaves it."""
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": 1}}]
+    for pid, name in enumerate(shapes, 1):
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"allreduce.{name}"}})
+    ts = 1000
+    for _ in range(rounds):
+        for pid, shape in enumerate(shapes.values(), 1):
+            events += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": ts, "pid": pid},
+                       {"ph": "X", "name": "0", "ts": ts, "pid": pid, "dur": 0},
+                       {"ph": "E", "ts": ts + 1, "pid": pid},
+                       {"ph": "B", "name": "ALLREDUCE", "ts": ts + 2, "pid": pid},
+                       {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": ts + 3, "pid": pid},
+                       {"ph": "E", "ts": ts + 4, "pid": pid},
+                       {"ph": "E", "ts": ts + 5, "pid": pid,
+                        "args": {"dtype": "float32", "shape": "[" + ", ".join(map(str, shape)) + "]"}}]
+            ts += 10
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",")
+    return path
+
+
+#: A tiny Horovod job: 5 steps with named parameters, then 3 with unnamed ones (another model).
+HOROVOD_JOB = """
+import time
+import torch
+import horovod.torch as hvd
+hvd.init()
+torch.manual_seed(0)
+named = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+unnamed = torch.nn.Linear(6, 5)
+for model, steps, inputs, names in ((named, 5, 8, True), (unnamed, 3, 6, False)):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters() if names else None)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(4, inputs)).sum().backward()
+        optimizer.step()
+hvd.allreduce(torch.zeros(2), name="val_counts")
+time.sleep(1)  # Horovod's timeline writer drops what it has not written when Horovod shuts down
+print("done", hvd.rank())
+"""
+
+
+@pytest.fixture(scope="module")
+def real_timeline(tmp_path_factory) -> Path:
+    """The timeline a real 2-worker horovodrun job wrote (``HOROVOD_TIMELINE``, as the grader sets it)."""
+    work = tmp_path_factory.mktemp("horovod-job")
+    path = work / grader.TIMELINE_FILE
+    rec = runner.run_script(_script(work, HOROVOD_JOB), work / "run", workers=2, timeout=120,
+                            max_output_bytes=100_000, env={"HOROVOD_TIMELINE": str(path)})
+    assert rec.ok and rec.tail.count("done") == 2, rec.tail[-3000:]
+    assert path.is_file(), "horovodrun's rank 0 wrote no timeline where HOROVOD_TIMELINE said"
+    return path
+
+
+def _shapes(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: torch.zeros(v.shape) for k, v in model.state_dict().items()}
+
+
+NAMED = _shapes(torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3)))
+UNNAMED = _shapes(torch.nn.Linear(6, 5))
+
+
+def test_the_timeline_of_a_real_horovod_run_counts_its_gradient_rounds(real_timeline):
+    from multigpu import timeline
+
+    events = timeline.load(real_timeline, max_bytes=rules.MAX_TIMELINE_BYTES)
+    names = {e["args"]["name"] for e in events if e.get("ph") == "M" and "name" in e.get("args", {})}
+    # DistributedOptimizer's names: allreduce.<parameter>, or allreduce.allreduce.noname.<group>.<i>
+    assert {"allreduce.0.weight", "allreduce.2.bias", "allreduce.val_counts"} <= names, names
+    assert any(n.startswith("allreduce.allreduce.noname.") for n in names), names
+    assert grader.gradient_allreduce_rounds(events, NAMED) == (5, 5 * 4)  # matched by shape, named or not
+    assert grader.gradient_allreduce_rounds(events, UNNAMED) == (3, 3 * 2)
+    verdict = grader.horovod_averaging(real_timeline, NAMED, samples_per_worker=20, epochs=1, settings=QUICK)
+    assert verdict["ok"] and "5 complete rounds" in verdict["message"], verdict
+    assert verdict["measurements"]["horovod_timeline_bytes"] == real_timeline.stat().st_size
+    # twice the batch the grader tolerates between two all-reduces: too few rounds
+    verdict = grader.horovod_averaging(real_timeline, NAMED, samples_per_worker=10 * rules.MAX_IMAGES_PER_ALLREDUCE,
+                                       epochs=1, settings=QUICK)
+    assert not verdict["ok"] and "too few" in verdict["message"], verdict
+
+
+def test_a_timeline_cut_anywhere_is_read_or_refused_without_a_crash(real_timeline, tmp_path):
+    """A run killed at its time limit leaves half a timeline: what was written counts, no more."""
+    text = real_timeline.read_bytes()
+    cut = tmp_path / grader.TIMELINE_FILE
+    for end in range(0, len(text), max(len(text) // 40, 1)):
+        cut.write_bytes(text[:end])
+        verdict = grader.horovod_averaging(cut, NAMED, samples_per_worker=20, epochs=1, settings=QUICK)
+        assert isinstance(verdict["message"], str) and "Horovod" in verdict["message"]
+        assert verdict["measurements"].get("horovod_gradient_rounds_per_epoch", 0) <= 5
+
+
+def _junk(kind: str, path: Path, tmp_path: Path) -> None:
+    secret = "SECRET-KEY-MATERIAL"
+    if kind == "binary":
+        path.write_bytes(b"\x00\xff" * 1000 + secret.encode())
+    elif kind == "text":
+        path.write_text(f"not a timeline {secret} }} }} }}")
+    elif kind == "nested":
+        path.write_text("[" * 200_000)
+    elif kind == "object":
+        path.write_text(json.dumps({"ph": "E", "secret": secret}))
+    elif kind == "numbers":
+        path.write_text(json.dumps(list(range(1000))))
+    elif kind == "odd_types":
+        path.write_text(json.dumps([
+            {"name": "process_name", "ph": "M", "pid": [1], "args": {"name": "allreduce.w"}},
+            {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": 5}},
+            {"name": "process_name", "ph": "M", "pid": 3, "args": "allreduce.w"},
+            {"name": "process_name", "ph": "M", "pid": 4, "args": {"name": "allreduce.w"}},
+            {"ph": "E", "pid": 4, "args": {"shape": "[3"}}, {"ph": "E", "pid": 4, "args": {"shape": 3}},
+            {"ph": "E", "pid": 4, "args": {"shape": "[" + "9" * 500 + "]"}}, {"ph": "E", "pid": "4"},
+            {"ph": "E", "pid": 4, "args": {"shape": "[-3]"}}, None, "E", 7]))
+    elif kind == "empty":
+        path.write_text("")
+    elif kind == "oversized":  # sparse: no disk used
+        with open(path, "wb") as f:
+            f.truncate(rules.MAX_TIMELINE_BYTES + 1)
+    elif kind == "symlink":  # to a valid timeline: the grader reads no file outside the run's folder
+        path.symlink_to(_write_timeline(tmp_path / "elsewhere.json", {"w": [3]}, rounds=10))
+    elif kind == "fifo":  # reading would block forever
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+
+
+@pytest.mark.parametrize("kind", ["binary", "text", "nested", "object", "numbers", "odd_types", "empty", "oversized",
+                                  "symlink", "fifo", "directory"])
+def test_a_junk_timeline_is_a_fail_with_a_message_never_a_crash(kind, tmp_path):
+    path = tmp_path / "run" / grader.TIMELINE_FILE
+    path.parent.mkdir()
+    _junk(kind, path, tmp_path)
+    t = time.monotonic()
+    verdict = grader.horovod_averaging(path, {"w": torch.zeros(3)}, samples_per_worker=20, epochs=1, settings=QUICK)
+    assert time.monotonic() - t < 30
+    assert not verdict["ok"], verdict
+    message = verdict["message"]
+    assert "could not be read" in message or "no Horovod gradient all-reduce" in message, message
+    assert "SECRET" not in message
+    if kind == "oversized":
+        assert f"{rules.MAX_TIMELINE_BYTES // 2**20} MB" in message and "larger than" in message, message
+
+
+def test_horovod_averaging_needs_every_tensor_every_step():
+    weights = {"a": torch.zeros(4, 2), "b": torch.zeros(4), "c": torch.zeros(4)}  # two tensors of one shape
+
+    def rounds(shapes: dict[str, list[int]], n: int, tmp: Path) -> dict:
+        path = _write_timeline(tmp / f"{len(shapes)}-{n}.json", shapes, n)
+        return grader.horovod_averaging(path, weights, samples_per_worker=64 * 10, epochs=2, settings=QUICK)
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        every = rounds({"a": [4, 2], "b": [4], "c": [4]}, 20, Path(tmp))
+        assert every["ok"] and every["measurements"]["horovod_gradient_rounds_per_epoch"] == 10, every
+        part = rounds({"b": [4], "c": [4]}, 20, Path(tmp))  # the [4, 2] tensor never all-reduced
+        assert not part["ok"] and "never all of them" in part["message"], part
+        half = rounds({"a": [4, 2], "b": [4]}, 20, Path(tmp))  # counted by shape: 20 of [4] are 10 rounds of b and c
+        assert half["measurements"]["horovod_gradient_rounds_per_epoch"] == 5, half
+        once = rounds({"a": [4, 2], "b": [4], "c": [4]}, 2, Path(tmp))  # once an epoch: 640 images a step
+        assert not once["ok"] and "too few" in once["message"] and "2 complete rounds" in once["message"], once
+    missing = grader.horovod_averaging(None, weights, 640, 2, QUICK, source="model = DistributedDataParallel(model)")
+    assert not missing["ok"] and "no Horovod gradient all-reduce" in missing["message"]
+    assert "torch DDP" in missing["message"] and "your script uses torch.distributed" in missing["message"]

@@ -16,7 +16,9 @@ What it does, in order (nothing the script prints or writes as a metric is trust
    clock, the workers' loopback traffic counted by the kernel.
 4. Loads every ``rank-<R>-epoch-<E>.pt`` with ``weights_only=True`` (no code from a
    submission runs in the grader) and checks: every rank saved every epoch; weights identical
-   across ranks AND gradients averaged over the network (CPU mode: the loopback bytes of the
+   across ranks AND gradients averaged by Horovod (the timeline Horovod's rank 0 wrote where the
+   grader's ``HOROVOD_TIMELINE`` said must show about one complete round of gradient
+   all-reduces per step: :func:`horovod_averaging`) and over the network (CPU mode: the loopback bytes of the
    run must amount to :data:`rules.MIN_ALLREDUCES_PER_EPOCH` gradient all-reduces per epoch or
    more); disjoint shards that cover the training set (counted only when the gradients were
    averaged); its own held-out accuracy of the weights, on a held-out set generated afresh in
@@ -32,9 +34,11 @@ import functools
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +46,7 @@ from typing import Any
 
 import torch
 
-from multigpu import data, devices, models, train
+from multigpu import data, devices, models, timeline, train
 from multigpu.grading import rules, runner
 from multigpu.grading.rules import RESULT_FILE, Settings
 
@@ -273,6 +277,103 @@ def gradient_traffic(rec: runner.RunRecord, weights: dict[str, torch.Tensor], wo
         "training alone or weights broadcast before saving")}
 
 
+#: Where the submission's run writes Horovod's timeline: its own writable folder, named by the
+#: ``HOROVOD_TIMELINE`` the grader passes (Horovod's coordinator, rank 0, writes it from hvd.init()).
+TIMELINE_FILE = "horovod-timeline.json"
+_SHAPE = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)?\s*\]")
+
+
+def _timeline_shape(text: Any) -> tuple[int, ...] | None:
+    """``"[10, 2048]"`` (a tensor shape as Horovod's timeline writes it) -> ``(10, 2048)``."""
+    m = _SHAPE.fullmatch(text) if isinstance(text, str) and len(text) < 200 else None
+    return None if m is None else tuple(int(x) for x in (m.group(1) or "").replace(" ", "").split(",") if x)
+
+
+def gradient_allreduce_rounds(events: Sequence[Any], weights: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """``(rounds, all-reduces)`` of the model's gradients in a Horovod timeline's events.
+
+    An all-reduce counts when it completed: its top-level end event carries the result's shape
+    (``{"ph": "E", "args": {"dtype": ..., "shape": "[10, 2048]"}}`` on a tensor whose name starts
+    with ``allreduce.``: ``hvd.DistributedOptimizer`` names them ``allreduce.<parameter>`` or
+    ``allreduce.allreduce.noname.<group>.<i>``). A round is one all-reduce of EVERY trainable tensor
+    of ``weights``, matched by shape, so names do not matter; anything malformed is skipped.
+    """
+    wanted = Counter(tuple(t.shape) for t in weights.values() if t.is_floating_point())
+    if not wanted:
+        return 0, 0
+    names: dict[int, str] = {}
+    done: Counter[tuple[int, ...]] = Counter()
+    for e in events:
+        if not isinstance(e, dict) or not isinstance(e.get("pid"), int):
+            continue
+        args = e.get("args")
+        if not isinstance(args, dict):
+            continue
+        if e.get("ph") == "M" and e.get("name") == "process_name" and isinstance(args.get("name"), str):
+            names[e["pid"]] = args["name"]
+        elif e.get("ph") == "E" and names.get(e["pid"], "").startswith("allreduce."):
+            shape = _timeline_shape(args.get("shape"))
+            if shape in wanted:
+                done[shape] += 1
+    return min(done[s] // k for s, k in wanted.items()), sum(done[s] for s in wanted)
+
+
+def horovod_averaging(path: Path | None, weights: dict[str, torch.Tensor], samples_per_worker: float, epochs: int,
+                      settings: Settings, source: str = "") -> dict[str, Any]:
+    """Did Horovod average the gradients? Judged from Horovod's own account of the run: the
+    timeline its rank 0 wrote to ``path`` (``HOROVOD_TIMELINE``, set by the grader).
+
+    An epoch needs ``max(settings.min_allreduces_per_epoch, ceil(samples_per_worker /
+    rules.MAX_IMAGES_PER_ALLREDUCE))`` complete rounds of gradient all-reduces, on average over
+    the ``epochs`` (see :func:`gradient_allreduce_rounds` and :mod:`rules`). A missing, oversized or
+    malformed file is a fail with a message. Returns ``{"ok", "message", "measurements"}``.
+    """
+    convert = ("This assessment certifies a Horovod conversion: call hvd.init() and wrap the optimizer in "
+               "hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters()), which all-reduces "
+               "every gradient at every step; a torch DDP (torch.distributed) conversion launched under horovodrun "
+               "is not accepted")
+    if "DistributedDataParallel" in source or "init_process_group" in source:
+        convert += " (your script uses torch.distributed: its all-reduces are not Horovod's)"
+    tamper = f"leave HOROVOD_TIMELINE as the grader sets it and do not write {TIMELINE_FILE} yourself"
+    if path is None or not (path.exists() or path.is_symlink()):
+        return {"ok": False, "measurements": {"horovod_timeline_bytes": None}, "message": (
+            "the grader found no Horovod gradient all-reduce in the run: Horovod's rank 0 records every collective "
+            "in a timeline from hvd.init() on (HOROVOD_TIMELINE, set by the grader), and this run left none. "
+            f"{convert}; "
+            f"{tamper}")}
+    try:
+        size = path.lstat().st_size
+        events = timeline.load(path, max_bytes=rules.MAX_TIMELINE_BYTES)
+        rounds, allreduces = gradient_allreduce_rounds(events, weights)
+    except (ValueError, OSError, RecursionError, MemoryError) as err:
+        why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        return {"ok": False, "measurements": {"horovod_timeline_bytes": None}, "message": (
+            f"the Horovod timeline of the run ({TIMELINE_FILE}) could not be read ({why}), so the grader cannot see "
+            f"Horovod average the gradients: {tamper}. A timeline over {rules.MAX_TIMELINE_BYTES // 2**20} MB means "
+            "a very small per-worker batch: use a larger one (the reference uses 32)")}
+    need = max(settings.min_allreduces_per_epoch, math.ceil(samples_per_worker / rules.MAX_IMAGES_PER_ALLREDUCE))
+    per_epoch = rounds / max(epochs, 1)
+    tensors = sum(1 for t in weights.values() if t.is_floating_point())
+    measured = {"horovod_timeline_bytes": size, "horovod_gradient_rounds_per_epoch": round(per_epoch, 1)}
+    if per_epoch >= need:
+        return {"ok": True, "measurements": measured, "message": (
+            f"Horovod's timeline shows {rounds} complete rounds of gradient all-reduces (all {tensors} trainable "
+            f"tensors), {per_epoch:.0f} per epoch, about {samples_per_worker / max(per_epoch, 1):.0f} images per "
+            "worker between two rounds")}
+    if rounds == 0:
+        seen = (f"{allreduces} all-reduces of some of the model's {tensors} trainable tensors, never all of them"
+                if allreduces else "no all-reduce of the model's gradients")
+        return {"ok": False, "measurements": measured, "message": (
+            f"the grader found no Horovod gradient all-reduce in the run: Horovod's timeline shows {seen}. "
+            "Identical weights at the end of an epoch (a broadcast before saving, one rank training alone) are not "
+            f"data parallelism. {convert}")}
+    return {"ok": False, "measurements": measured, "message": (
+        f"Horovod's timeline shows {rounds} complete rounds of gradient all-reduces in {epochs} epoch(s), "
+        f"{per_epoch:.1f} per epoch: too few for {samples_per_worker:.0f} samples per worker per epoch (the grader "
+        f"asks for {need}: at most {rules.MAX_IMAGES_PER_ALLREDUCE} images per worker between two all-reduces). "
+        "Average the gradients at every step with hvd.DistributedOptimizer, not once in a while")}
+
+
 def _checkpoints(folder: Path) -> dict[tuple[int, int], Path]:
     out = {}
     for p in folder.glob("rank-*-epoch-*.pt") if folder.is_dir() else []:
@@ -467,7 +568,9 @@ def grade(
         rec = runner.run_script(submission / "train.py", submission, workers=settings.workers,
                                 timeout=settings.time_budget_s, max_output_bytes=settings.max_output_bytes,
                                 max_memory_bytes=settings.max_memory_bytes, args=args, echo=echo, checkpoint_dir=ckpt,
-                                env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt)},
+                                env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt),
+                                     # Horovod's own account of the run: rank 0 records every collective
+                                     "HOROVOD_TIMELINE": str(submission / TIMELINE_FILE)},
                                 sandbox=rules_)
         measurements["run_s"] = round(rec.wall_s, 2)
         measurements["loopback_bytes"] = rec.loopback_bytes
@@ -478,7 +581,8 @@ def grade(
             baselines.append(_baseline(settings, work, baseline_root, len(baselines), log, rules_))
         measurements["baselines"] = [round(b, 2) for b in baselines if b]
         source = script_path.read_text(errors="replace")
-        criteria = _judge(rec, _checkpoints(ckpt), settings, train_root, holdout, measurements, log, source)
+        criteria = _judge(rec, _checkpoints(ckpt), settings, train_root, holdout, measurements, log, source,
+                          timeline_path=submission / TIMELINE_FILE)
     return GradeResult(name, settings, criteria, measurements, sandboxed=rec.sandboxed)
 
 
@@ -498,7 +602,10 @@ def _judge(
     m: dict[str, Any],
     log: Log,
     source: str = "",
+    timeline_path: Path | None = None,
 ) -> dict[str, Criterion]:
+    """The verdicts of a run. ``timeline_path``: the Horovod timeline the run was told to write
+    (None: none was recorded, and the gradients do not count as averaged by Horovod)."""
     crit: dict[str, Criterion] = {}
     n = settings.workers
     failure = _run_failure(rec, settings)
@@ -553,7 +660,8 @@ def _judge(
                              f"{n} ranks, so there is nothing to compare" + (f" ({failure.splitlines()[0]})" if failure else ""))
     usable = not load_error and bool(complete)
 
-    # --- identical weights
+    # --- identical weights, averaged by Horovod (its timeline) and sent over the network (the kernel)
+    not_averaged = False
     if not usable:
         crit["identical"] = Criterion("identical", POINTS["identical"], False, nothing)
     else:
@@ -564,8 +672,12 @@ def _judge(
                 if d > worst[0]:
                     worst = (d, where, r, e)
         m["max_weight_difference"] = worst[0] if math.isfinite(worst[0]) else "shape mismatch"
-        averaged = gradient_traffic(rec, weights_only(loaded[(0, complete[0])]["model"]), n, len(complete), settings)
+        weights = weights_only(loaded[(0, complete[0])]["model"])
+        averaged = gradient_traffic(rec, weights, n, len(complete), settings)  # the kernel's view (CPU mode)
         m.update(averaged.get("measurements", {}))
+        per_worker = sum(len(c["indices"]) for c in loaded.values()) / len(loaded)
+        by_horovod = horovod_averaging(timeline_path, weights, per_worker, len(complete), settings, source)
+        m.update(by_horovod["measurements"])  # Horovod's own view (every mode)
         if worst[0] > IDENTICAL_TOL:
             crit["identical"] = Criterion(
                 "identical", POINTS["identical"], False,
@@ -573,21 +685,23 @@ def _judge(
                 f"{worst[0]:.3g} in '{worst[1]}'): broadcast rank 0's parameters and optimizer state at the start "
                 "(hvd.broadcast_parameters, hvd.broadcast_optimizer_state) and average gradients with "
                 "hvd.DistributedOptimizer")
-        elif not averaged["ok"]:
-            crit["identical"] = Criterion("identical", POINTS["identical"], False, averaged["message"])
+        elif not (by_horovod["ok"] and averaged["ok"]):
+            not_averaged = True
+            failed = [v["message"] for v in (by_horovod, averaged) if not v["ok"]]
+            crit["identical"] = Criterion("identical", POINTS["identical"], False, ". Also: ".join(failed))
         else:
             crit["identical"] = Criterion(
                 "identical", POINTS["identical"], True,
                 f"all {n} ranks hold the same trainable weights after each of {len(complete)} epochs (BatchNorm's "
                 "running statistics are buffers each rank computes from its own shard, so they are not compared); "
-                + averaged["message"])
+                + by_horovod["message"] + "; " + averaged["message"])
 
     # --- sharded data
     train_size = len(data.JPEGFolder(train_root, None, split="train"))
     padding = (-train_size) % n  # DistributedSampler repeats this many samples to even out the shards
     if not usable:
         crit["sharded"] = Criterion("sharded", POINTS["sharded"], False, nothing)
-    elif not crit["identical"].passed and "all-reduce" in crit["identical"].message:
+    elif not_averaged:
         crit["sharded"] = Criterion("sharded", POINTS["sharded"], False,
                                     "not counted: shards make one model only when the ranks average their gradients, "
                                     "and the grader did not see that (see 'identical')")

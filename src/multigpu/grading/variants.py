@@ -4,17 +4,28 @@ Each variant is the reference solution (``solutions/assessments/train.py``) with
 changed, so it stays in step with the reference; :func:`write` fails loudly when an edit no longer
 applies. The tests and ``multigpu calibrate`` grade the same variants.
 
-=====================  =====================================================  ==================
-variant                what it does                                            must fail
-=====================  =====================================================  ==================
-``never_averaged``     each rank trains alone on its shard (no                 identical, sharded
-                       DistributedOptimizer) and broadcasts rank 0's weights
-                       just before every save: identical checkpoints
-``all_data_each_rank`` every rank trains on ALL the data (gradients averaged)   throughput
-                       but reports a disjoint quarter of the indices
-``straggler``          rank 1 sleeps 1 s every step                            throughput
-``rank0_saves_only``   Lab 3's habit: only rank 0 saves a checkpoint           workers
-=====================  =====================================================  ==================
+========================  =====================================================  ==================
+variant                   what it does                                            must fail
+========================  =====================================================  ==================
+``never_averaged``        each rank trains alone on its shard (no                 identical, sharded
+                          DistributedOptimizer) and broadcasts rank 0's weights
+                          just before every save: identical checkpoints
+``all_data_each_rank``    every rank trains on ALL the data (gradients averaged)   throughput
+                          but reports a disjoint quarter of the indices
+``straggler``             rank 1 sleeps 1 s every step                            throughput
+``rank0_saves_only``      Lab 3's habit: only rank 0 saves a checkpoint           workers
+``ddp_under_horovodrun``  torch DDP instead of Horovod, set up from what          identical, sharded
+                          horovodrun gives each worker: it trains correctly
+                          (identical weights, sharded data, gradients averaged
+                          by DDP), but Horovod averaged nothing
+========================  =====================================================  ==================
+
+``ddp_under_horovodrun`` reads ``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK`` and
+``HOROVOD_LOCAL_SIZE`` (horovodrun sets them for every worker, with ``HOROVOD_HOSTNAME``,
+``HOROVOD_CROSS_RANK``/``_SIZE``, ``HOROVOD_CONTROLLER=gloo`` and its rendezvous address
+``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``_PORT``) and opens torch's TCP store on 127.0.0.1 at the port
+after horovodrun's rendezvous port: one every worker derives alike, free in the sandbox's own
+network namespace (and almost surely outside it). It never calls ``hvd.init()``.
 """
 
 from __future__ import annotations
@@ -26,6 +37,16 @@ DISTRIBUTE = "    optimizer = hvd.DistributedOptimizer(optimizer, named_paramete
 LOADER = "    train_loader = data.make_loader(train_set, args.batch_size, sampler=sampler)"
 RECORD = "            trained_on.extend(index.tolist())"
 STEP = "            optimizer.step()\n"
+IMPORT = "import horovod.torch as hvd  # Horovod: the PyTorch binding\n"
+INIT = ("    hvd.init()  # Horovod: connect to the other workers\n"
+        "    rank, workers = hvd.rank(), hvd.size()  # Horovod\n"
+        "    device = devices.worker_device(hvd.local_rank())  # Horovod: one GPU per worker (CPU mode: the CPU)\n")
+THREADS = "devices.threads_per_worker(hvd.local_size())"
+BROADCAST = ("    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
+             "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n")
+FORWARD = "loss_fn(model(images), labels)"
+VAL_COUNTS = ('    counts = hvd.allreduce(torch.tensor([correct, total], dtype=torch.float64), op=hvd.Sum, '
+              'name="val_counts")\n')
 
 #: variant -> {old text of the reference: new text}
 EDITS: dict[str, dict[str, str]] = {
@@ -43,6 +64,24 @@ EDITS: dict[str, dict[str, str]] = {
     "rank0_saves_only": {
         SAVE: "        if rank == 0:\n    " + SAVE,
     },
+    "ddp_under_horovodrun": {
+        IMPORT: "import torch.distributed as dist  # torch DDP, launched by horovodrun\n",
+        INIT: ("    env = os.environ  # what horovodrun gives every worker\n"
+               "    rank, workers = int(env['HOROVOD_RANK']), int(env['HOROVOD_SIZE'])\n"
+               "    device = devices.worker_device(int(env['HOROVOD_LOCAL_RANK']))\n"
+               "    port = int(env['HOROVOD_GLOO_RENDEZVOUS_PORT']) + 1  # the same on every worker\n"
+               "    backend = 'nccl' if device.type == 'cuda' else 'gloo'\n"
+               "    store = f'tcp://127.0.0.1:{port}'\n"
+               "    dist.init_process_group(backend, init_method=store, rank=rank, world_size=workers)\n"),
+        THREADS: "devices.threads_per_worker(int(os.environ['HOROVOD_LOCAL_SIZE']))",
+        DISTRIBUTE: ("    # averages the gradients in backward; broadcasts rank 0's weights now\n"
+                     "    ddp = torch.nn.parallel.DistributedDataParallel(\n"
+                     "        model, device_ids=[device.index] if device.type == 'cuda' else None)\n"),
+        BROADCAST: "",
+        FORWARD: "loss_fn(ddp(images), labels)",
+        VAL_COUNTS: ("    counts = torch.tensor([correct, total], dtype=torch.float64, device=device)\n"
+                     "    dist.all_reduce(counts)  # a sum over the workers\n"),
+    },
 }
 
 #: variant -> the criterion it must fail
@@ -51,6 +90,7 @@ MUST_FAIL: dict[str, str] = {
     "all_data_each_rank": "throughput",
     "straggler": "throughput",
     "rank0_saves_only": "workers",
+    "ddp_under_horovodrun": "identical",
 }
 
 
