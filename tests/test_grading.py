@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -431,3 +432,14 @@ def test_horovod_averaging_needs_every_tensor_every_step():
     missing = grader.horovod_averaging(None, weights, 640, 2, QUICK, source="model = DistributedDataParallel(model)")
     assert not missing["ok"] and "no Horovod gradient all-reduce" in missing["message"]
     assert "torch DDP" in missing["message"] and "your script uses torch.distributed" in missing["message"]
+
+
+def test_an_accuracy_fail_names_an_unscaled_or_unwarmed_learning_rate():
+    reference = grader.REFERENCE.read_text()
+    assert grader.learning_rate_hints(reference) == []  # scaled (lr * workers) and warmed up
+    unscaled = reference.replace("target_lr = args.lr * workers", "target_lr = args.lr")
+    assert [h for h in grader.learning_rate_hints(unscaled) if "hvd.size()" in h and "scale" in h]
+    cold = re.sub(r"warm[_-]?up", "ramp", reference, flags=re.IGNORECASE)
+    assert [h for h in grader.learning_rate_hints(cold) if h.startswith("no warm-up")]
+    assert grader.learning_rate_hints(grader.STARTER.read_text()) == []  # unconverted: other messages first
+    assert grader.learning_rate_hints("def broken(:") == []

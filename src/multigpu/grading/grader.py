@@ -442,6 +442,49 @@ def _images_per_epoch(loaded: dict[tuple[int, int], dict]) -> dict[int, int]:
     return out
 
 
+def learning_rate_hints(source: str) -> list[str]:
+    """What the script's text suggests about its learning rate, for the accuracy message only
+    (a reading of the source is a hint, never a verdict): no multiplication by ``hvd.size()`` (or
+    a name bound to it), no warm-up anywhere in the text. Empty when nothing can be told."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+
+    def is_size(node: ast.AST) -> bool:  # hvd.size(), size(), dist.get_world_size(), int(os.environ["HOROVOD_SIZE"])
+        for x in ast.walk(node):
+            if isinstance(x, ast.Call) and not x.args and (
+                    (isinstance(x.func, ast.Attribute) and x.func.attr in ("size", "get_world_size"))
+                    or (isinstance(x.func, ast.Name) and x.func.id in ("size", "get_world_size"))):
+                return True
+            if isinstance(x, ast.Constant) and x.value in ("HOROVOD_SIZE", "WORLD_SIZE"):
+                return True
+        return False
+
+    sizes: set[str] = set()  # names bound to the number of workers: workers = hvd.size()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            pairs = [(node.targets[0], node.value)]
+            if isinstance(node.targets[0], ast.Tuple) and isinstance(node.value, ast.Tuple):
+                pairs = list(zip(node.targets[0].elts, node.value.elts))
+            sizes |= {t.id for t, v in pairs if isinstance(t, ast.Name) and is_size(v)}
+    scaled = any(isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)
+                 and any(is_size(x) or (isinstance(x, ast.Name) and x.id in sizes) for x in (node.left, node.right))
+                 for node in ast.walk(tree))
+    hints: list[str] = []
+    if not re.search(r"\bhvd\.|\bhorovod\.torch|\btorch\.distributed", source):  # unconverted: other messages first
+        return hints
+    if not scaled:
+        hints.append("your script does not seem to multiply the learning rate by hvd.size(): hvd.size() workers "
+                     "make the global batch hvd.size() times larger, so scale the rate with them")
+    if not re.search(r"warm[\s_-]?up", source, re.IGNORECASE):
+        hints.append("no warm-up found: ramp the rate from lr to lr x hvd.size() over the first epoch, since a "
+                     "large rate from the first step can throw the model off (Goyal et al. 2017, Lab 1)")
+    return hints
+
+
 def _run_failure(rec: runner.RunRecord, settings: Settings) -> str | None:
     """Why a run did not end cleanly, in words a learner can act on (None: it did)."""
     from multigpu.hvdtools import worker_errors
@@ -758,11 +801,13 @@ def _judge(
                                              f"the grader measured {per_epoch} on its held-out set: {held:.1%} held "
                                              f"for {k} epochs (A = {settings.accuracy:.0%})")
             else:
+                hints = learning_rate_hints(source)
                 crit["accuracy"] = Criterion(
                     "accuracy", POINTS["accuracy"], False,
                     f"the grader measured {per_epoch} on its held-out set; best held for {k} epochs: {held:.1%}, "
                     f"below A = {settings.accuracy:.0%}. Tune the learning rate (scaled by hvd.size() after a "
-                    "warm-up), the per-worker batch size or the epochs; what the script prints is not used")
+                    "warm-up), the per-worker batch size or the epochs; what the script prints is not used"
+                    + "".join(f". Hint from reading your script (not a verdict): {h}" for h in hints))
 
     # --- throughput against the ideal measured in this grading run
     images = _images_per_epoch(loaded) if usable else {}
