@@ -38,10 +38,13 @@ prints the pass counts; the numbers of the latest calibration are in the README.
 That calibration predates Horovod's timeline in the submission's run (``HOROVOD_TIMELINE``, the
 ``identical`` check since 2026-11-24). The timeline is not free on 2 cores: its writer thread on
 rank 0 polls its queue without sleeping (``std::this_thread::yield()`` in Horovod 0.28.1's
-``TimelineWriter::WriterLoop``), measured at 0.48 of a core, and the reference ran at 0.59-0.64x
-its speed without it (quick data, 4 workers, interleaved, 2026-11-24: 215/197/215 images/s
-against 333/344/310). E = 0.40 must be re-calibrated with the timeline on, or Horovod's writer
-patched to sleep when its queue is empty, before the next cpu certificates.
+``TimelineWriter::WriterLoop``), sampled at 0.15-0.48 of a core, and the reference ran at
+0.54-0.65x its speed without it (quick data, 3 epochs, 4 workers, sandboxed, on a machine others
+used too; images/s of three interleaved batches, 2026-11-24: on 190/283/228 vs off 244/422/429;
+on 215/197/215 vs off 333/344/310; on 286 vs off 461). In a quick-profile grading the reference
+measured 0.34 x the one-thread ideal with it (0.63 in the levers table without). E = 0.40 must
+be re-calibrated with the timeline on, or Horovod's writer patched to sleep when its queue is
+empty, before the next cpu certificates.
 """
 
 from __future__ import annotations
