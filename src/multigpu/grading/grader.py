@@ -18,9 +18,9 @@ What it does, in order (nothing the script prints or writes as a metric is trust
    submission runs in the grader) and checks: every rank saved every epoch; weights identical
    across ranks AND gradients averaged by Horovod (the timeline Horovod's rank 0 wrote where the
    grader's ``HOROVOD_TIMELINE`` said must show about one complete round of gradient
-   all-reduces per step: :func:`horovod_averaging`) and over the network (CPU mode: the loopback bytes of the
-   run must amount to :data:`rules.MIN_ALLREDUCES_PER_EPOCH` gradient all-reduces per epoch or
-   more); disjoint shards that cover the training set (counted only when the gradients were
+   all-reduces per step: :func:`horovod_averaging`) and over the network (CPU mode: the
+   loopback bytes of the run must amount to :data:`rules.MIN_ALLREDUCES_PER_EPOCH` gradient
+   all-reduces per epoch or more); disjoint shards that cover the training set (counted only when the gradients were
    averaged); its own held-out accuracy of the weights, on a held-out set generated afresh in
    the grader's private folder; throughput from the checkpoints' arrival times against the
    baseline (re-measured, or "too noisy" instead of a verdict, when the baselines disagree).
@@ -339,18 +339,18 @@ def horovod_averaging(path: Path | None, weights: dict[str, torch.Tensor], sampl
         return {"ok": False, "measurements": {"horovod_timeline_bytes": None}, "message": (
             "the grader found no Horovod gradient all-reduce in the run: Horovod's rank 0 records every collective "
             "in a timeline from hvd.init() on (HOROVOD_TIMELINE, set by the grader), and this run left none. "
-            f"{convert}; "
-            f"{tamper}")}
+            f"{convert}; {tamper}")}
     try:
         size = path.lstat().st_size
         events = timeline.load(path, max_bytes=rules.MAX_TIMELINE_BYTES)
         rounds, allreduces = gradient_allreduce_rounds(events, weights)
     except (ValueError, OSError, RecursionError, MemoryError) as err:
         why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        big = (f". A timeline over {rules.MAX_TIMELINE_BYTES // 2**20} MB means a very small per-worker batch: "
+               "use a larger one (the reference uses 32)") if "larger than" in why else ""
         return {"ok": False, "measurements": {"horovod_timeline_bytes": None}, "message": (
             f"the Horovod timeline of the run ({TIMELINE_FILE}) could not be read ({why}), so the grader cannot see "
-            f"Horovod average the gradients: {tamper}. A timeline over {rules.MAX_TIMELINE_BYTES // 2**20} MB means "
-            "a very small per-worker batch: use a larger one (the reference uses 32)")}
+            f"Horovod average the gradients: {tamper}{big}")}
     need = max(settings.min_allreduces_per_epoch, math.ceil(samples_per_worker / rules.MAX_IMAGES_PER_ALLREDUCE))
     per_epoch = rounds / max(epochs, 1)
     tensors = sum(1 for t in weights.values() if t.is_floating_point())
