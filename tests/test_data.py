@@ -129,8 +129,10 @@ def test_jpegfolder_on_any_imagefolder(tmp_path):
     pil, label = ds[2]
     assert pil.mode == "RGB" and label == 0
     ds.transform = data.val_transform(32)
-    x, label = ds[4]
-    assert x.shape == (3, 32, 32) and x.dtype == torch.float32 and label == 1
+    pixels, label = ds[4]
+    assert isinstance(pixels, data.Pixels) and pixels.shape == (3, 32, 32) and label == 1
+    x = data.finish(pixels)
+    assert x.shape == (3, 32, 32) and x.dtype == torch.float32
     with pytest.raises(FileNotFoundError):
         data.JPEGFolder(tmp_path / "missing")
 
@@ -211,3 +213,141 @@ def test_dataset_params_rejects_unknown():
         data.dataset_params(colours=3)
     with pytest.raises(ValueError):
         data.class_names(11)
+
+
+# --------------------------------------------------------------------------- the batch path
+
+
+def reference(size: int) -> data.Compose:
+    """The per-image pipeline the course used before the batch path: the semantics to keep."""
+    return data.Compose([data.Resize(size), data.CenterCrop(size), data.ToTensor(), data.Normalize()])
+
+
+def windows(x: torch.Tensor, padding: int) -> list[torch.Tensor]:
+    """Every crop of ``x`` zero-padded by ``padding``, flipped or not: what training may give."""
+    size = x.shape[-1]
+    padded = torch.nn.functional.pad(x, (padding,) * 4)
+    crops = [padded[:, t : t + size, l : l + size] for t in range(2 * padding + 1) for l in range(2 * padding + 1)]
+    return crops + [c.flip(-1) for c in crops]
+
+
+def which_window(y: torch.Tensor, candidates: list[torch.Tensor]) -> int:
+    hits = [k for k, c in enumerate(candidates) if torch.allclose(y, c, atol=1e-5)]
+    assert hits, "an augmented image is no crop (flipped or not) of the padded, normalised image"
+    return hits[0]
+
+
+def test_pixels_are_the_images_bytes_and_finish_like_the_reference(tmp_path):
+    ds = data.JPEGFolder(make_folder(tmp_path / "imgs"), data.val_transform(32))
+    for i in range(len(ds)):
+        pixels, label = ds[i]
+        image = data.decode(ds.read(i))
+        assert isinstance(pixels, data.Pixels) and pixels.dtype == torch.uint8 and label == ds.samples[i][1]
+        fitted = np.asarray(data.Compose([data.Resize(32), data.CenterCrop(32)])(image).convert("RGB"))
+        assert np.array_equal(np.asarray(pixels), fitted.transpose(2, 0, 1)), "Pixels must hold the fitted image"
+        assert torch.allclose(pixels.finish(), reference(32)(image), atol=1e-5)
+    assert data.finish(7) == 7, "finish leaves anything but Pixels alone"
+
+
+def test_collate_finishes_a_batch_of_a_real_imagefolder(tmp_path):
+    """A real ImageFolder of JPEG files on disk: (image, label) batches, normalised as the reference."""
+    root = data.generate_dataset(tmp_path / "g", seed=3, progress=False, **SMALL)
+    ds = data.JPEGFolder(root, data.val_transform(32), split="train")
+    x, y = next(iter(data.make_loader(ds, 12)))
+    assert x.shape == (12, 3, 32, 32) and x.dtype == torch.float32 and x.is_contiguous()
+    assert y.dtype == torch.int64 and y.tolist() == [label for _, label in ds.samples]
+    expected = torch.stack([reference(32)(data.decode(ds.read(i))) for i in range(12)])
+    assert torch.allclose(x, expected, atol=1e-5)
+    # The exact ImageNet normalisation: a flat colour comes out as (v / 255 - mean) / std.
+    flat = data.val_transform(8).batch(torch.full((2, 3, 8, 8), 200, dtype=torch.uint8))
+    want = torch.tensor([(200 / 255 - m) / s for m, s in zip(data.MEAN, data.STD)]).view(1, 3, 1, 1)
+    assert torch.allclose(flat, want.expand(2, 3, 8, 8), atol=1e-6)
+
+
+def test_training_batch_crops_and_flips_each_image_on_its_own():
+    rng = np.random.default_rng(4)
+    image = Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    t = data.train_transform(32)
+    assert t.padding == 4 and t.flip_p == 0.5
+    candidates = windows(reference(32)(image), 4)
+    torch.manual_seed(0)
+    x = data.collate([t.sample(image) for _ in range(64)])
+    assert x.shape == (64, 3, 32, 32) and x.dtype == torch.float32
+    seen = [which_window(x[i], candidates) for i in range(64)]
+    flipped = sum(k >= len(candidates) // 2 for k in seen)
+    assert len(set(seen)) > 20, "each image of a batch must get its own crop"
+    assert 12 < flipped < 52, f"about half the images should be flipped, got {flipped} of 64"
+    # The padding is exactly zero after normalising (the mean colour), as RandomCrop after Normalize.
+    assert (x == 0).any()
+
+
+def test_training_batch_is_deterministic_by_seed_and_batch_equals_collate():
+    image = Image.fromarray(np.random.default_rng(5).integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    t = data.train_transform(16)
+    pixels = [t.sample(image) for _ in range(16)]
+
+    def run(seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        return data.collate(pixels)
+
+    assert torch.equal(run(1), run(1)) and not torch.equal(run(1), run(2))
+    torch.manual_seed(1)
+    via_batch = t.batch(t.stack(pixels))
+    assert torch.equal(via_batch, run(1)), "collate must be stack + batch"
+    dense = t.stack(pixels).contiguous()  # any layout of a uint8 batch works
+    torch.manual_seed(1)
+    assert torch.equal(t.batch(dense), via_batch)
+    before = dense.clone()
+    t.batch(dense)
+    assert torch.equal(dense, before), "batch() must not change its input"
+    with pytest.raises(ValueError):
+        t.batch(dense.float())
+
+
+class WithIndex(torch.utils.data.Dataset):
+    """As the assessment's starter script wraps the training set: ``(image, label, index)``."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        image, label = self.dataset[i]
+        return image, label, i
+
+
+def test_with_index_wrapper_gets_normalised_batches_and_indices(tmp_path):
+    root = data.generate_dataset(tmp_path / "g", seed=0, progress=False, **SMALL)
+    ds = WithIndex(data.JPEGFolder(root, data.train_transform(32), split="train"))
+    seen = []
+    for images, labels, index in data.make_loader(ds, 5, shuffle=True, seed=3):
+        assert images.dtype == torch.float32 and images.shape[1:] == (3, 32, 32)
+        assert labels.dtype == torch.int64 and index.dtype == torch.int64
+        assert labels.tolist() == [ds.dataset.samples[i][1] for i in index.tolist()]
+        assert images.abs().max() < 3, "images must be normalised"
+        seen += index.tolist()
+    assert sorted(seen) == list(range(12))
+
+
+def test_loader_with_workers_is_deterministic_by_seed(tmp_path):
+    root = data.generate_dataset(tmp_path / "g", seed=0, progress=False, **SMALL)
+    ds = data.JPEGFolder(root, data.train_transform(32), split="train")
+
+    def epoch(seed: int) -> list[torch.Tensor]:
+        return [x for x, _ in data.make_loader(ds, 4, shuffle=True, seed=seed, num_workers=2)]
+
+    a, b, c = epoch(7), epoch(7), epoch(8)
+    assert all(torch.equal(x, y) for x, y in zip(a, b)), "same seed, same batches (order and augmentation)"
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+def test_in_memory_finishes_pixels(tmp_path):
+    from multigpu import batching
+
+    root = data.generate_dataset(tmp_path / "g", seed=0, progress=False, **SMALL)
+    ds = data.JPEGFolder(root, data.val_transform(32), split="train")
+    mem = batching.in_memory(ds, 6)
+    x, y = mem[0]
+    assert x.dtype == torch.float32 and x.shape == (3, 32, 32) and mem.classes == ds.classes

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from .data import finish
+
 
 def balanced_indices(labels: list[int] | np.ndarray, n: int, seed: int = 0) -> np.ndarray:
     """``n`` indices with the classes as equally represented as possible, in shuffled order.
@@ -41,9 +43,11 @@ def balanced_indices(labels: list[int] | np.ndarray, n: int, seed: int = 0) -> n
 def in_memory(dataset: Dataset, n: int | None = None, seed: int = 0) -> TensorDataset:
     """A class-balanced subset of ``n`` samples of ``dataset`` (all if ``None``), decoded once.
 
-    ``dataset[i]`` must return ``(tensor, label)`` (e.g. a ``JPEGFolder`` with a transform).
-    Returns a ``TensorDataset`` of ``(images, labels)`` with ``.classes`` copied over when present.
-    Use a deterministic transform (``val_transform``): random augmentation would be frozen.
+    ``dataset[i]`` must return ``(tensor, label)`` (e.g. a ``JPEGFolder`` with a transform;
+    its per-image :class:`multigpu.data.Pixels` are finished one by one with
+    :func:`multigpu.data.finish`). Returns a ``TensorDataset`` of ``(images, labels)`` with
+    ``.classes`` copied over when present. Use a deterministic transform (``val_transform``):
+    random augmentation would be frozen.
     """
     labels = getattr(dataset, "targets", None)
     if labels is None:
@@ -52,7 +56,7 @@ def in_memory(dataset: Dataset, n: int | None = None, seed: int = 0) -> TensorDa
     images, targets = [], []
     for i in idx:
         image, label = dataset[int(i)]
-        images.append(torch.as_tensor(image))
+        images.append(torch.as_tensor(finish(image)))
         targets.append(int(label))
     out = TensorDataset(torch.stack(images), torch.tensor(targets, dtype=torch.long))
     if hasattr(dataset, "classes"):
@@ -68,7 +72,7 @@ def batches(dataset: Dataset, batch_size: int, count: int, seed: int = 0) -> Ite
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))  # type: ignore[arg-type]
     for k in range(count):
         items = [dataset[int(i)] for i in order[k * batch_size : (k + 1) * batch_size]]
-        yield torch.stack([torch.as_tensor(a) for a, _ in items]), torch.tensor([int(b) for _, b in items])
+        yield torch.stack([torch.as_tensor(finish(a)) for a, _ in items]), torch.tensor([int(b) for _, b in items])
 
 
 def summary(history: Mapping[str, Any], batch_size: int, model: nn.Module | None = None) -> dict[str, Any]:

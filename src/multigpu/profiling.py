@@ -6,8 +6,9 @@ wait longer for data.
 
 - :func:`time_stages` times each stage of the pipeline on real JPEG files, one after the
   other in this process: ``read`` (file -> bytes), ``decode`` (bytes -> RGB image), ``augment``
-  (image -> normalised tensor, with the training augmentation), ``collate`` (samples -> batch)
-  and ``copy`` (batch -> device; on a CPU-only machine there is no device memory, so this is a
+  (the training transform: for the course's transforms, the pixels out of each image, then
+  random crop, flip and normalisation once per batch), ``collate`` (samples -> batch) and
+  ``copy`` (batch -> device; on a CPU-only machine there is no device memory, so this is a
   plain memory copy of the batch, flagged in the result).
 - :func:`model_images_per_s` times training steps of a model on synthetic in-memory data:
   compute alone, no I/O.
@@ -91,8 +92,14 @@ def time_stages(
     Each stage runs over all images before the next starts, so its clock holds nothing else.
     ``transform`` defaults to the dataset's own (the training augmentation for a training set).
     Images are taken spread over the data set (every class), starting at ``start``.
+
+    The stages are timed as the default loader runs them. With one of the course's transforms
+    (:class:`multigpu.data.ImageTransform`) ``augment`` is its per-image half (the pixels out
+    of the decoded image) plus its per-batch half (crop, flip, normalise the stacked batch),
+    and ``collate`` is the stacking in between; any other transform runs per image and
+    ``collate`` stacks its tensors.
     """
-    from .data import collate, decode
+    from .data import ImageTransform, collate, decode
 
     device = torch.device(device) if device is not None else torch.device("cpu")
     transform = transform or dataset.transform
@@ -114,16 +121,28 @@ def time_stages(
     images = [decode(b) for b in blobs]
     seconds["decode"] = time.perf_counter() - t0
 
+    split = isinstance(transform, ImageTransform)
     t0 = time.perf_counter()
-    tensors = [transform(im) for im in images]
+    samples = [transform.sample(im) for im in images] if split else [transform(im) for im in images]
     seconds["augment"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    batches = [
-        collate(list(zip(tensors[i : i + batch_size], labels[i : i + batch_size])))
-        for i in range(0, n, batch_size)
-    ]
+    if split:  # what data.collate does before the transform's batch step
+        batches = [
+            (transform.stack(samples[i : i + batch_size]), torch.tensor(labels[i : i + batch_size]))
+            for i in range(0, n, batch_size)
+        ]
+    else:
+        batches = [
+            collate(list(zip(samples[i : i + batch_size], labels[i : i + batch_size])))
+            for i in range(0, n, batch_size)
+        ]
     seconds["collate"] = time.perf_counter() - t0
+
+    if split:  # the transform's per-batch half: augmentation, once per batch
+        t0 = time.perf_counter()
+        batches = [(transform.batch(x), y) for x, y in batches]
+        seconds["augment"] += time.perf_counter() - t0
 
     notes: dict[str, str] = {}
     pin = device.type == "cuda"
