@@ -37,7 +37,7 @@ help:
 # ---------------------------------------------------------------------------------- environment
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml tools/install_horovod.sh tools/horovod-0.28.1-cxx17.patch
+$(STAMP): pyproject.toml tools/install_horovod.sh tools/horovod-0.28.1.patch
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (or make setup PYTHON=/path/to/python3.11)"; exit 1; }
 	@$(MAKE) --no-print-directory sandbox-deps
 	$(PYTHON) -m venv $(VENV)

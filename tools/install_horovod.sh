@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Build Horovod 0.28.1 from its PyPI source with the project's C++17 patch and install it into a venv.
+# Build Horovod 0.28.1 from its PyPI source with the project's patch (tools/horovod-0.28.1.patch) and install it into a venv.
 #
 #   tools/install_horovod.sh [PYTHON]     (default: .venv/bin/python)
 #
-# The built wheel is cached outside the repo, keyed by Horovod, torch, Python and build flavour
-# (cpu or cuda), so a second setup only installs the cached wheel. CPU/Gloo build by default;
+# The built wheel is cached outside the repo, keyed by Horovod, torch, Python, build flavour (cpu or
+# cuda) and the patch's hash, so a second setup only installs the cached wheel and a changed patch
+# rebuilds. CPU/Gloo build by default;
 # NCCL GPU operations are added when torch has CUDA and nvcc is on PATH.
 # Environment: MULTIGPU_CACHE (default ~/.cache/multigpu), HOROVOD_REBUILD=1 to ignore the cache.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
 here=$(cd "$(dirname "$0")" && pwd)
-patch_file="$here/horovod-$HOROVOD_VERSION-cxx17.patch"
+patch_file="$here/horovod-$HOROVOD_VERSION.patch"
 py=${1:-.venv/bin/python}
 [ -x "$py" ] || { echo "install_horovod: no Python at $py (run 'make setup')" >&2; exit 1; }
 venv_bin=$(dirname "$py")
@@ -38,7 +39,8 @@ print(torch.__version__.split("+")[0], torch.version.cuda or "none", f"cp{sys.ve
 
 flavour=cpu
 if [ "$cuda_version" != none ] && command -v nvcc >/dev/null 2>&1; then flavour=cuda; fi
-cache=${MULTIGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/multigpu}/wheels/horovod-$HOROVOD_VERSION-torch$torch_version-$py_tag-$flavour
+patch_hash=$(sha256sum "$patch_file" | cut -c1-8)
+cache=${MULTIGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/multigpu}/wheels/horovod-$HOROVOD_VERSION-torch$torch_version-$py_tag-$flavour-patch$patch_hash
 mkdir -p "$cache"
 
 wheel=$(ls "$cache"/horovod-*.whl 2>/dev/null | head -n 1 || true)
