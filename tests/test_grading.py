@@ -85,6 +85,20 @@ def test_checkpoints_are_loaded_without_running_code_from_them(tmp_path):
         grader.load_checkpoint(good)
 
 
+@pytest.mark.timeout(30)
+def test_a_fifo_or_a_symlink_named_like_a_checkpoint_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "rank-1-epoch-1.pt"
+    os.mkfifo(fifo)  # opening it for reading would block until someone writes: the grader must not
+    with pytest.raises(ValueError, match="not a regular file"):
+        grader.load_checkpoint(fifo)
+    target = tmp_path / "elsewhere.pt"
+    torch.save({"model": {"w": torch.zeros(2)}, "indices": [0]}, target)
+    link = tmp_path / "rank-2-epoch-1.pt"
+    link.symlink_to(target)
+    with pytest.raises(ValueError, match="cannot be opened"):
+        grader.load_checkpoint(link)
+
+
 def test_state_difference_finds_the_tensor_that_differs():
     a = {"x": torch.zeros(3), "y": torch.ones(2)}
     b = {"x": torch.zeros(3), "y": torch.tensor([1.0, 1.5])}

@@ -57,7 +57,7 @@ def load(path: str | Path, max_bytes: int | None = None) -> list[dict[str, Any]]
     it defensively: a regular file only (no symbolic link, FIFO or device), at most
     ``max_bytes``, and anything that is not a list of events raises ``ValueError``.
     """
-    text = (Path(path).read_text() if max_bytes is None else _read_bounded(Path(path), max_bytes)).strip()
+    text = (Path(path).read_text() if max_bytes is None else read_regular_file(Path(path), max_bytes).decode("utf-8", errors="replace")).strip()
     if not text:
         return []
     text = text.rstrip(",")
@@ -88,8 +88,14 @@ def load(path: str | Path, max_bytes: int | None = None) -> list[dict[str, Any]]
 _RECOVERY_TRIES = 8
 
 
-def _read_bounded(path: Path, max_bytes: int) -> str:
-    """The text of ``path`` if it is a regular file of at most ``max_bytes`` (ValueError otherwise)."""
+def read_regular_file(path: str | os.PathLike, max_bytes: int) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``max_bytes`` (ValueError otherwise).
+
+    For files someone else wrote (a submission's timeline or checkpoints): a symlink, a FIFO
+    (which would block a plain ``open``), a device or a directory is refused, and no more than
+    ``max_bytes + 1`` bytes are ever read.
+    """
+    path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
@@ -100,7 +106,7 @@ def _read_bounded(path: Path, max_bytes: int) -> str:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{path.name} is larger than {max_bytes:,} bytes")
-    return data.decode("utf-8", errors="replace")
+    return data
 
 
 def spans(events: Iterable[dict[str, Any]]) -> list[Span]:

@@ -31,6 +31,7 @@ Each criterion gets its points or zero, with a message that says what failed and
 from __future__ import annotations
 
 import functools
+import io
 import json
 import math
 import os
@@ -63,6 +64,8 @@ FIXTURES = REPO / "tests" / "fixtures" / "assessment"
 POINTS: dict[str, int] = {"workers": 2, "identical": 2, "sharded": 2, "accuracy": 3, "throughput": 1}
 #: Largest difference between two ranks' weights that still counts as identical.
 IDENTICAL_TOL = 1e-6
+#: Largest checkpoint file the grader reads (bytes): AlexNet's weights are 0.25 GB, AlexNetSmall's 0.09.
+MAX_CHECKPOINT_BYTES = 2**30
 #: Threads of the baseline worker: one core's share, the ideal's unit everywhere in the course.
 BASELINE_THREADS = 1
 
@@ -179,8 +182,9 @@ def check_source(path: str | os.PathLike) -> str | None:
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """A checkpoint of the contract, ``{"model": {name: tensor}, "indices": [int, ...]}``, loaded
     with ``weights_only=True``: tensors and plain containers only, no code from the submission."""
-    try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
+    try:  # a regular file of bounded size first: a FIFO or a symlink named like a checkpoint would hang or mislead
+        raw = torch.load(io.BytesIO(timeline.read_regular_file(path, MAX_CHECKPOINT_BYTES)), map_location="cpu",
+                         weights_only=True)
     except Exception as e:  # an unpicklable object, a truncated file, not a torch file at all
         raise ValueError(f"{Path(path).name} cannot be loaded as plain weights: {str(e).splitlines()[0][:200]}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict) or "indices" not in raw:
