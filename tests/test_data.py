@@ -351,3 +351,21 @@ def test_in_memory_finishes_pixels(tmp_path):
     mem = batching.in_memory(ds, 6)
     x, y = mem[0]
     assert x.dtype == torch.float32 and x.shape == (3, 32, 32) and mem.classes == ds.classes
+
+
+def test_large_jpegs_decode_in_draft_mode_close_to_a_full_decode(tmp_path):
+    """Real photos are larger than the model's input: decoding them at a reduced scale must give
+    (nearly) the image a full decode and resize gives."""
+    y, x = np.mgrid[0:192, 0:256]
+    smooth = np.stack([x % 256, (y * 2) % 256, (x + y) % 256], -1).astype(np.uint8)
+    (tmp_path / "big" / "a").mkdir(parents=True)
+    Image.fromarray(smooth).save(tmp_path / "big" / "a" / "0.jpg", quality=90)
+    ds = data.JPEGFolder(tmp_path / "big", data.val_transform(32))
+    raw = ds.read(0)
+    assert data.decode(raw, 32).size == (64, 48), "1/4 scale keeps both sides >= 32"
+    assert data.decode(raw, 128).size == (256, 192), "no reduced scale keeps both sides >= 128"
+    assert data.decode(raw).size == (256, 192)
+    fast = ds[0][0].finish()
+    full = reference(32)(data.decode(raw))
+    assert fast.shape == full.shape == (3, 32, 32)
+    assert (fast - full).abs().mean() < 0.05, "draft decoding must stay within a few levels of the full decode"
