@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 
 from multigpu import devices
@@ -57,3 +62,42 @@ def test_describe_names_the_mode_and_the_ideal():
 def test_horovod_build_reports_gloo():
     build = devices.horovod_build()
     assert build["installed"] and build["pytorch"] and build["gloo"]
+
+
+PIN_PROBE = """
+import os, sys, threading, time
+from multigpu import devices
+early = threading.Thread(target=time.sleep, args=(1.0,))  # a thread that exists before the pin
+early.start()
+core = devices.pin_worker(int(sys.argv[1]), int(sys.argv[2]), devices.MachineInfo("cpu", 2, 0, (), ""))
+later = {}
+t = threading.Thread(target=lambda: later.update(cpus=sorted(os.sched_getaffinity(0))))
+t.start(); t.join()
+early_cpus = sorted(os.sched_getaffinity(early.native_id))
+print(core, sorted(os.sched_getaffinity(0)), early_cpus, later["cpus"])
+"""
+
+
+def _pin(local_rank: int, local_size: int, **env: str) -> list:
+    out = subprocess.run([sys.executable, "-c", PIN_PROBE, str(local_rank), str(local_size)], capture_output=True,
+                         text=True, check=True, timeout=60, env={**os.environ, **env}).stdout.split(" ", 1)
+    return [out[0], out[1].strip()]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to pin to")
+def test_pin_worker_puts_every_thread_of_a_worker_on_its_own_core():
+    cores = sorted(os.sched_getaffinity(0))
+    core, cpus = _pin(1, 2)
+    assert int(core) == cores[1], "local rank 1 runs on the second core"
+    assert cpus == f"[{cores[1]}] [{cores[1]}] [{cores[1]}]", \
+        "the main thread, a thread started before the pin and one started after all run on that core"
+    core, cpus = _pin(2, 4)
+    assert int(core) == cores[0], "with more workers than cores, local rank 2 shares the first core"
+
+
+def test_pin_worker_leaves_single_workers_and_opted_out_runs_alone():
+    everything = sorted(os.sched_getaffinity(0))
+    core, cpus = _pin(0, 1)
+    assert core == "None" and cpus.startswith(str(everything)), "a single worker may use every core"
+    core, cpus = _pin(1, 2, MULTIGPU_PIN="0")
+    assert core == "None" and cpus.startswith(str(everything)), "MULTIGPU_PIN=0 turns pinning off"

@@ -153,9 +153,9 @@ def torchrun(
     from multigpu import launch
 
     cmd = [launch._bin("torchrun"), "--standalone", f"--nproc-per-node={nproc}", *argv]
-    worker_env = launch._pythonpath_env(env)
-    worker_env.setdefault("OMP_NUM_THREADS", "1")
-    proc = subprocess.Popen(cmd, env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    run_env = launch.worker_env(env)
+    run_env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.Popen(cmd, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     what = f"torchrun --nproc-per-node={nproc}"
     result = launch._supervise([proc], ["torchrun"], timeout, echo, what)
@@ -240,7 +240,7 @@ def run_script(
     elif launcher == "python":
         if np != 1:
             raise ValueError("launcher='python' runs one process: np must be 1")
-        proc = subprocess.Popen(argv, env=launch._pythonpath_env(env), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(argv, env=launch.worker_env(env), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         result = launch._supervise([proc], ["python"], timeout, echo, "python")
         if result.returncodes[0] != 0:

@@ -108,7 +108,7 @@ def _dump_job(path: Path, fn: Callable[..., Any], args: Sequence[Any], backend: 
         cloudpickle.dump((fn, tuple(args), backend), f)
 
 
-def _pythonpath_env(extra: dict[str, str] | None) -> dict[str, str]:
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for workers: ours, with this package importable and output unbuffered."""
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parent.parent)
@@ -273,8 +273,8 @@ def run(
         port = str(free_port())
         procs = []
         for rank in range(nprocs):
-            worker_env = _pythonpath_env(env)
-            worker_env.update(
+            rank_env = worker_env(env)
+            rank_env.update(
                 RANK=str(rank),
                 WORLD_SIZE=str(nprocs),
                 LOCAL_RANK=str(rank),
@@ -287,7 +287,7 @@ def run(
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "multigpu._worker", "run", str(job), str(outdir)],
-                    env=worker_env,
+                    env=rank_env,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -319,7 +319,7 @@ def horovodrun(
     cmd = [_bin("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", *horovod_args, *argv]
     proc = subprocess.Popen(
         cmd,
-        env=_pythonpath_env(env),
+        env=worker_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

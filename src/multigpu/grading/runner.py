@@ -78,7 +78,7 @@ def _python_env(extra: dict[str, str] | None, token: str) -> dict[str, str]:
     """The workers' environment of :mod:`multigpu.launch`, marked with the job's token."""
     from multigpu import launch
 
-    env = launch._pythonpath_env(extra)
+    env = launch.worker_env(extra)
     env[TOKEN_VAR] = token
     return env
 

@@ -42,6 +42,7 @@ INIT = ("    hvd.init()  # Horovod: connect to the other workers\n"
         "    rank, workers = hvd.rank(), hvd.size()  # Horovod\n"
         "    device = devices.worker_device(hvd.local_rank())  # Horovod: one GPU per worker (CPU mode: the CPU)\n")
 THREADS = "devices.threads_per_worker(hvd.local_size())"
+PIN = "devices.pin_worker(hvd.local_rank(), hvd.local_size())"
 BROADCAST = ("    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
              "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n")
 FORWARD = "loss_fn(model(images), labels)"
@@ -74,6 +75,7 @@ EDITS: dict[str, dict[str, str]] = {
                "    store = f'tcp://127.0.0.1:{port}'\n"
                "    dist.init_process_group(backend, init_method=store, rank=rank, world_size=workers)\n"),
         THREADS: "devices.threads_per_worker(int(os.environ['HOROVOD_LOCAL_SIZE']))",
+        PIN: "devices.pin_worker(int(os.environ['HOROVOD_LOCAL_RANK']), int(os.environ['HOROVOD_LOCAL_SIZE']))",
         DISTRIBUTE: ("    # averages the gradients in backward; broadcasts rank 0's weights now\n"
                      "    ddp = torch.nn.parallel.DistributedDataParallel(\n"
                      "        model, device_ids=[device.index] if device.type == 'cuda' else None)\n"),

@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads or devices.threads_per_worker(local_size))  # DDP: share the cores
     device = devices.worker_device(local_rank)  # DDP: GPU number local_rank in GPU mode
     dist.init_process_group(devices.detect().backend)  # DDP: NCCL on GPUs, Gloo on CPUs
+    devices.pin_worker(local_rank, local_size)  # DDP: CPU mode: each worker on its own core
     torch.manual_seed(args.seed + rank)  # DDP: each rank its own augmentation and dropout
 
     if args.synthetic:

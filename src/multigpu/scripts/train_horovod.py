@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     rank, size, local_rank = init_horovod()  # Horovod: step 1
     device = worker_device(local_rank, hvd.local_size(), args.threads)  # Horovod: step 2
+    devices.pin_worker(local_rank, hvd.local_size())  # Horovod: CPU mode: each worker on its own core
     torch.manual_seed(args.seed + rank)  # Horovod: each rank its own augmentation and dropout
 
     if args.synthetic:
