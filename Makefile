@@ -151,7 +151,7 @@ certificates: $(STAMP)
 calibrate: $(STAMP)
 	$(BIN)/multigpu calibrate
 
-# performance figures against their targets: bench/results.md and bench/results.json (~20 min;
+# performance figures against their targets: bench/results.md and bench/results.json (~1 h;
 # make bench BENCH_ARGS="--quick --only pipeline scaling" for a 2-minute look)
 bench: $(STAMP)
 	$(PY) -m multigpu.bench $(BENCH_ARGS)
