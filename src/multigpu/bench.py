@@ -9,15 +9,20 @@ Sections, run in this order (``--only`` picks some):
   many processes as the loader uses). Target: ratio >= 0.9.
 - ``scaling``: aggregate images/s of the reference Horovod script and of the DDP script on 1, 2
   and 4 workers (synthetic in-memory data: compute and communication, no JPEG I/O), their
-  efficiency against ``devices.ideal_factor(N)`` x one worker of the same launcher, and the time
-  of one all-reduce of AlexNet-small's gradient with Horovod and with raw ``torch.distributed``
-  (Gloo). Targets: Horovod efficiency >= 0.8 at 2 workers; Horovod >= DDP at 2 and 4 workers.
+  efficiency against ``devices.ideal_factor(N)`` x one worker of the same launcher with one
+  thread, and the time of one all-reduce of AlexNet-small's gradient with Horovod and with raw
+  ``torch.distributed`` (Gloo). Targets: Horovod efficiency >= 0.85 at 2 workers and >= 0.80 at
+  4; Horovod >= DDP at 2 and 4 workers; Horovod's all-reduce <= 1.10 x raw Gloo.
+- ``levers``: Horovod's CPU levers (:data:`LEVERS`) one at a time at 2 and 4 workers, each
+  against the one-thread ideal and pinned DDP of the same repeat, and the cores' own ceiling
+  (two one-thread workers that never communicate). Targets on the course default as above.
 - ``course``: wall time of every solution notebook run top to bottom (papermill, default
   parameters; ``--quick``: quick parameters, labelled so) and their sum. One run each (n=1).
   Targets: whole course < 15 min, no notebook > 6 min.
 - ``grading``: wall time to grade the reference assessment solution end to end, and the
-  projected time of a 30-learner workshop graded one submission after another. Target: one
-  submission < 5 min. Repeats stop early rather than push the run past its time budget.
+  projected time of a 30-learner workshop graded one submission after another. Targets: one
+  submission <= 3 min (median of 5), the workshop <= 1.5 h. Repeats stop early rather than push
+  the run past its time budget.
 
 Method: every figure is the median over repeats with its min-max spread; every comparison is
 measured side by side in one run, interleaved (A, B, A, B, ...), because this machine's speed
