@@ -109,16 +109,27 @@ def read_regular_file(path: str | os.PathLike, max_bytes: int) -> bytes:
     return data
 
 
-def spans(events: Iterable[dict[str, Any]]) -> list[Span]:
-    """Pair begin/end events per tensor into :class:`Span` s, sorted by start time."""
+def tensor_names(events: Iterable[Any]) -> dict[int, str]:
+    """``pid -> tensor name``: Horovod writes one "process" per tensor, named by a metadata event
+    (``{"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "allreduce.fc.weight"}}``).
+    Anything that is not such an event, malformed ones included, is skipped."""
     names: dict[int, str] = {}
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name" \
+                and isinstance(e.get("pid"), int) and isinstance(e.get("args"), dict) \
+                and isinstance(e["args"].get("name"), str):
+            names[e["pid"]] = e["args"]["name"]
+    return names
+
+
+def spans(events: Sequence[dict[str, Any]]) -> list[Span]:
+    """Pair begin/end events per tensor into :class:`Span` s, sorted by start time."""
+    names = tensor_names(events)
     stacks: dict[int, list[tuple[str, float]]] = defaultdict(list)
     out: list[Span] = []
     for e in events:
         ph, pid = e.get("ph"), e.get("pid")
-        if ph == "M" and e.get("name") == "process_name" and "name" in e.get("args", {}):
-            names[pid] = e["args"]["name"]
-        elif ph == "B":
+        if ph == "B":
             stacks[pid].append((e["name"], e["ts"] / 1e6))
         elif ph == "E" and stacks[pid]:
             phase, start = stacks[pid].pop()
@@ -130,14 +141,12 @@ def spans(events: Iterable[dict[str, Any]]) -> list[Span]:
     return out
 
 
-def ready_marks(events: Iterable[dict[str, Any]]) -> list[tuple[str, int, float]]:
+def ready_marks(events: Sequence[dict[str, Any]]) -> list[tuple[str, int, float]]:
     """``(tensor, rank, time_s)``: when each rank reported each tensor ready (during negotiation)."""
-    names: dict[int, str] = {}
+    names = tensor_names(events)
     marks = []
     for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name" and "name" in e.get("args", {}):
-            names[e["pid"]] = e["args"]["name"]
-        elif e.get("ph") == "X" and str(e.get("name", "")).isdigit() and e.get("dur", 0) == 0:
+        if e.get("ph") == "X" and str(e.get("name", "")).isdigit() and e.get("dur", 0) == 0:
             marks.append((names.get(e["pid"], str(e["pid"])), int(e["name"]), e["ts"] / 1e6))
     return marks
 

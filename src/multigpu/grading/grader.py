@@ -305,7 +305,7 @@ def gradient_allreduce_rounds(events: Sequence[Any], weights: dict[str, torch.Te
     wanted = Counter(tuple(t.shape) for t in weights.values() if t.is_floating_point())
     if not wanted:
         return 0, 0
-    names: dict[int, str] = {}
+    names = timeline.tensor_names(events)
     done: Counter[tuple[int, ...]] = Counter()
     for e in events:
         if not isinstance(e, dict) or not isinstance(e.get("pid"), int):
@@ -313,9 +313,7 @@ def gradient_allreduce_rounds(events: Sequence[Any], weights: dict[str, torch.Te
         args = e.get("args")
         if not isinstance(args, dict):
             continue
-        if e.get("ph") == "M" and e.get("name") == "process_name" and isinstance(args.get("name"), str):
-            names[e["pid"]] = args["name"]
-        elif e.get("ph") == "E" and names.get(e["pid"], "").startswith("allreduce."):
+        if e.get("ph") == "E" and names.get(e["pid"], "").startswith("allreduce."):
             shape = _timeline_shape(args.get("shape"))
             if shape in wanted:
                 done[shape] += 1
