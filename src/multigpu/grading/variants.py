@@ -14,6 +14,10 @@ variant                   what it does                                          
                           but reports a disjoint quarter of the indices
 ``straggler``             rank 1 sleeps 1 s every step                            throughput
 ``rank0_saves_only``      Lab 3's habit: only rank 0 saves a checkpoint           workers
+``rank0_trains_alone``    rank 0 trains on ALL the data alone, the other ranks    identical, sharded
+                          idle; each rank reports a disjoint quarter of the
+                          indices and rank 0's weights are broadcast before
+                          every save: one worker's work, dressed up as four
 ``ddp_under_horovodrun``  torch DDP instead of Horovod, set up from what          identical, sharded
                           horovodrun gives each worker: it trains correctly
                           (identical weights, sharded data, gradients averaged
@@ -65,6 +69,14 @@ EDITS: dict[str, dict[str, str]] = {
     "rank0_saves_only": {
         SAVE: "        if rank == 0:\n    " + SAVE,
     },
+    "rank0_trains_alone": {
+        DISTRIBUTE: "",
+        LOADER: "    train_loader = data.make_loader(train_set, args.batch_size, shuffle=True) if rank == 0 else []",
+        RECORD: "            trained_on.extend(i for i in index.tolist() if i % workers == rank)",
+        SAVE: ("        if rank != 0:  # the idle ranks report the rest of the data, disjoint\n"
+               "            trained_on = [i for i in range(len(train_set)) if i % workers == rank]\n"
+               "        hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n" + SAVE),
+    },
     "ddp_under_horovodrun": {
         IMPORT: "import torch.distributed as dist  # torch DDP, launched by horovodrun\n",
         INIT: ("    env = os.environ  # what horovodrun gives every worker\n"
@@ -92,6 +104,7 @@ MUST_FAIL: dict[str, str] = {
     "all_data_each_rank": "throughput",
     "straggler": "throughput",
     "rank0_saves_only": "workers",
+    "rank0_trains_alone": "identical",
     "ddp_under_horovodrun": "identical",
 }
 
