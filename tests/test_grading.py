@@ -1,5 +1,5 @@
 """The assessment grader: the pass rule, the runner's bounds, and real gradings of the reference
-solution and of every broken variant (tests/fixtures/assessment/).
+solution and of every broken variant (grading/variants.py: the reference with a few lines changed).
 
 Gradings use the 'quick' profile (a tiny data set). The broken variants run on 2 workers for 2
 epochs without a baseline: the criteria they must fail are not about speed. The reference is
@@ -23,7 +23,6 @@ import torch
 
 from multigpu.grading import grader, rules, runner, sandbox, variants
 
-FIX = grader.FIXTURES
 QUICK = rules.QUICK
 BROKEN_SETTINGS = QUICK.replace(workers=2, baseline_repeats=0, time_budget_s=150.0)
 TWO_EPOCHS = ("--epochs", "2")
@@ -50,24 +49,25 @@ def test_profile_choice(monkeypatch):
         rules.settings("fast")
 
 
-def test_learners_get_the_unconverted_starter_and_the_solution_is_the_conversion(repo):
+def test_learners_get_the_unconverted_starter_and_the_solution_is_the_conversion(repo, tmp_path):
     starter = grader.STARTER.read_text()
     assert "hvd" not in starter and "def save_checkpoint" in starter
     solution = grader.REFERENCE.read_text()
     assert grader.REFERENCE == repo / "solutions" / "assessments" / "train.py"
     for piece in ("hvd.init()", "hvd.DistributedOptimizer", "hvd.broadcast_parameters", "DistributedSampler"):
         assert piece in solution, piece
-    # the unconverted fixture is the starter's code
-    fixture = (FIX / "unconverted.py").read_text()
-    assert fixture.split('"""', 2)[2] == starter.split('"""', 2)[2]
+    # the unconverted variant is the starter's code
+    unconverted = variants.write("unconverted", grader.REFERENCE, tmp_path / "unconverted.py").read_text()
+    assert unconverted.split('"""', 2)[2] == starter.split('"""', 2)[2]
 
 
 def test_syntax_errors_and_missing_files_are_reported_without_running_anything(tmp_path):
-    msg = grader.check_source(FIX / "syntax_error.py")
+    script = variants.write("syntax_error", grader.REFERENCE, tmp_path / "syntax_error.py")  # not train.py
+    msg = grader.check_source(script)
     assert msg and "does not compile" in msg and "line" in msg
     assert "no submission" in grader.check_source(tmp_path / "train.py")
     t = time.monotonic()
-    result = grader.grade(FIX / "syntax_error.py", QUICK)
+    result = grader.grade(script, QUICK)
     assert time.monotonic() - t < 10
     assert result.score == 0 and all("does not compile" in c.message for c in result.criteria.values())
 
@@ -152,12 +152,10 @@ def test_no_process_of_a_job_outlives_it(tmp_path):
 # ----------------------------------------------------------------------------- real gradings
 
 
-def _grade(name: str, settings: rules.Settings = BROKEN_SETTINGS, args=TWO_EPOCHS, tmp: Path | None = None
-           ) -> grader.GradeResult:
-    """Grade fixture ``name`` (tests/fixtures/assessment/) or, when ``tmp`` is given, variant ``name``
-    of the reference (grading/variants.py), written to ``tmp``."""
+def _grade(name: str, tmp: Path, settings: rules.Settings = BROKEN_SETTINGS, args=TWO_EPOCHS) -> grader.GradeResult:
+    """Grade variant ``name`` of the reference (grading/variants.py), written to the folder ``tmp``."""
     t = time.monotonic()
-    script = FIX / f"{name}.py" if tmp is None else variants.write(name, grader.REFERENCE, tmp / f"{name}.py")
+    script = variants.write(name, grader.REFERENCE, tmp / f"{name}.py")
     result = grader.grade(script, settings, args=args)
     result.measurements["test_grading_s"] = time.monotonic() - t
     print(result.report())
@@ -170,11 +168,12 @@ def _grade(name: str, settings: rules.Settings = BROKEN_SETTINGS, args=TWO_EPOCH
     ("no_broadcast", "identical", "weights differ"),
     ("no_sampler", "sharded", "more than one rank"),
     ("fake_metrics", "accuracy", "the grader measured"),
-    # a variant of the reference (grading/variants.py): torch DDP launched by horovodrun
+    # torch DDP launched by horovodrun
     ("ddp_under_horovodrun", "identical", "no Horovod gradient all-reduce"),
 ])
 def test_each_broken_variant_fails_with_the_right_message(name, criterion, words, tmp_path):
-    result = _grade(name, tmp=tmp_path if name in variants.EDITS else None)
+    assert variants.MUST_FAIL[name] == criterion
+    result = _grade(name, tmp_path)
     assert not result.passed
     c = result.criteria[criterion]
     assert not c.passed and words in c.message, c.message
@@ -191,23 +190,23 @@ def test_each_broken_variant_fails_with_the_right_message(name, criterion, words
             assert "Also:" not in c.message, c.message
 
 
-def test_a_crash_on_one_rank_is_graded_with_its_traceback():
-    result = _grade("crash")
+def test_a_crash_on_one_rank_is_graded_with_its_traceback(tmp_path):
+    result = _grade("crash", tmp_path)
     c = result.criteria["workers"]
     assert not c.passed and "exit code" in c.message and "fails on purpose" in c.message, c.message
     assert result.measurements["test_grading_s"] < 120
 
 
-def test_a_hang_is_graded_within_the_time_budget():
+def test_a_hang_is_graded_within_the_time_budget(tmp_path):
     settings = BROKEN_SETTINGS.replace(time_budget_s=45.0)
-    result = _grade("hang", settings)
+    result = _grade("hang", tmp_path, settings)
     c = result.criteria["workers"]
     assert not c.passed and "time budget" in c.message, c.message
     assert result.measurements["test_grading_s"] < 45 + 60
 
 
-def test_a_flood_of_output_is_graded_within_bounded_time():
-    result = _grade("huge_output")
+def test_a_flood_of_output_is_graded_within_bounded_time(tmp_path):
+    result = _grade("huge_output", tmp_path)
     c = result.criteria["workers"]
     assert not c.passed and "printed more than" in c.message, c.message
     assert result.score == 0
@@ -241,9 +240,17 @@ def test_saving_on_rank_0_only_gets_its_own_message(tmp_path):
 
 
 def test_every_variant_edit_applies_to_the_reference(tmp_path):
-    for name in variants.EDITS:
+    assert set(variants.MUST_FAIL) == set(variants.EDITS) | set(variants.SOURCES)
+    # the calibration grades the cheats; the failure cases (crash, hang, ...) are the tests' alone
+    assert set(variants.CALIBRATED) == set(variants.MUST_FAIL) - set(variants.FAILURE_CASES)
+    assert all(variants.MUST_FAIL[name] == "workers" for name in variants.FAILURE_CASES)
+    for name in (*variants.SOURCES, *variants.EDITS):
         text = variants.write(name, grader.REFERENCE, tmp_path / f"{name}.py").read_text()
-        compile(text, name, "exec")
+        if name == "syntax_error":  # written all the same
+            with pytest.raises(SyntaxError):
+                compile(text, name, "exec")
+        else:
+            compile(text, name, "exec")
         assert text != grader.REFERENCE.read_text()
         assert name in variants.MUST_FAIL
     ddp = (tmp_path / "ddp_under_horovodrun.py").read_text()

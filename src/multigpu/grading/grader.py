@@ -57,8 +57,6 @@ REPO = HERE.parents[2]
 STARTER = HERE / "starter.py"
 #: The instructor's converted solution (never released).
 REFERENCE = REPO / "solutions" / "assessments" / "train.py"
-#: Broken variants the calibration must fail (test fixtures).
-FIXTURES = REPO / "tests" / "fixtures" / "assessment"
 
 #: Criterion -> points. A submission passes with all of them.
 POINTS: dict[str, int] = {"workers": 2, "identical": 2, "sharded": 2, "accuracy": 3, "throughput": 1}
