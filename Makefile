@@ -113,25 +113,25 @@ clean-notebooks: $(STAMP)
 
 # ---------------------------------------------------------------------------------- instructors
 release: $(STAMP)
-	$(PY) -m multigpu.release
+	$(BIN)/multigpu release
 	@echo "learner copies regenerated in notebooks/ and assessments/: review and commit them"
 
 check-release: $(STAMP)
-	$(PY) -m multigpu.release --check
+	$(BIN)/multigpu release --check
 
 course: $(STAMP)
 	MULTIGPU_QUICK=0 $(PY) -m pytest tests/test_notebooks.py -s
 
 collect: $(STAMP)
-	$(PY) -m multigpu.release --collect $(SUBMISSIONS)
+	$(BIN)/multigpu release --collect $(SUBMISSIONS)
 
 # the assignments solutions/ holds (labs and assessment)
-ASSIGNMENTS = $$($(PY) -c "from multigpu.release import present_assignments; print(*present_assignments())")
+ASSIGNMENTS = $$($(BIN)/multigpu release --assignments)
 
 # nbgrader runs the labs; the assessment's grade is the official, sandboxed grading of each train.py
 # (multigpu grade-submissions), which replaces whatever the assessment notebook did in its kernel
 autograde: $(STAMP)
-	$(PY) -m multigpu.release --gradebook
+	$(BIN)/multigpu release --gradebook
 	@for a in $(ASSIGNMENTS); do echo "nbgrader autograde $$a"; \
 	    MULTIGPU_OFFICIAL_GRADING=1 $(BIN)/nbgrader autograde $$a || exit 1; done
 	$(BIN)/multigpu grade-submissions
@@ -154,7 +154,7 @@ calibrate: $(STAMP)
 # performance figures against their targets: bench/results.md and bench/results.json (~1 h;
 # make bench BENCH_ARGS="--quick --only pipeline scaling" for a 2-minute look)
 bench: $(STAMP)
-	$(PY) -m multigpu.bench $(BENCH_ARGS)
+	$(BIN)/multigpu bench $(BENCH_ARGS)
 
 clean:
 	rm -rf grading/submitted grading/autograded grading/feedback .pytest_cache

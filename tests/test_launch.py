@@ -137,3 +137,19 @@ def test_run_horovod_reports_a_crashing_rank():
     with pytest.raises(launch.WorkerError, match="learner bug on rank 1"):
         launch.run_horovod(hvd_crash, 2, timeout=120, echo=False)
     assert time.monotonic() - start < 100
+
+
+def test_worker_errors_picks_the_failing_ranks_traceback():
+    output = [
+        "[1]<stdout>:epoch 1/1",
+        "[1]<stderr>:Traceback (most recent call last):",
+        '[1]<stderr>:  File "train.py", line 3, in average_metric',
+        "[1]<stderr>:NotImplementedError",
+        "[0]<stderr>:Terminated",
+        "Traceback (most recent call last):",
+        "RuntimeError: Horovod detected that one or more processes exited",
+    ]
+    msg = launch.worker_errors(output)
+    assert msg.startswith("Rank 1 failed with: NotImplementedError")
+    assert "average_metric" in msg and "Horovod detected" not in msg
+    assert "Last output" in launch.worker_errors(["plain line"])

@@ -15,9 +15,9 @@ class FakeClock:
         return self.t
 
 
-def test_throughput_excludes_warmup_steps():
+def test_throughput_excludes_untimed_steps():
     clock = FakeClock()
-    m = ThroughputMeter(warmup_steps=2, clock=clock)
+    m = ThroughputMeter(untimed_steps=2, clock=clock)
     for dt in (5.0, 3.0):  # slow warm-up steps
         clock.t += dt
         m.step(10)
@@ -32,7 +32,7 @@ def test_throughput_excludes_warmup_steps():
 
 def test_throughput_without_warmup_counts_everything():
     clock = FakeClock()
-    m = ThroughputMeter(warmup_steps=0, clock=clock)
+    m = ThroughputMeter(untimed_steps=0, clock=clock)
     clock.t += 1.0
     m.step(8)
     clock.t += 1.0
@@ -42,7 +42,7 @@ def test_throughput_without_warmup_counts_everything():
 
 def test_short_run_falls_back_to_all_steps_and_reset():
     clock = FakeClock()
-    m = ThroughputMeter(warmup_steps=5, clock=clock)
+    m = ThroughputMeter(untimed_steps=5, clock=clock)
     assert m.images_per_second == 0.0
     clock.t += 2.0
     m.step(4)
@@ -50,7 +50,7 @@ def test_short_run_falls_back_to_all_steps_and_reset():
     m.reset()
     assert m.steps == 0 and m.images_per_second == 0.0
     with pytest.raises(ValueError):
-        ThroughputMeter(warmup_steps=-1)
+        ThroughputMeter(untimed_steps=-1)
 
 
 def test_average_meter_is_weighted_by_count():
@@ -65,7 +65,7 @@ def test_average_meter_is_weighted_by_count():
 def test_throughput_meter_syncs_cuda():
     import torch
 
-    m = ThroughputMeter(warmup_steps=1, device="cuda")
+    m = ThroughputMeter(untimed_steps=1, device="cuda")
     x = torch.randn(2048, 2048, device="cuda")
     for _ in range(3):
         x @ x

@@ -86,7 +86,7 @@ def test_a_hostile_submission_reaches_nothing_of_the_grader(real_places, tmp_pat
     script = work / "train.py"
     shutil.copy(PROBE, script)
     rules_ = grader.sandbox_rules(train_root, [places["grader_private"]])
-    rec = runner.run_script(script, work, workers=None, timeout=60, max_output_bytes=100_000,
+    rec = runner.run_untrusted(script, work, workers=None, timeout=60, max_output_bytes=100_000,
                             args=[json.dumps(places)], sandbox=rules_)
     assert rec.returncode == 0 and rec.sandboxed, rec.tail
     line = next(x for x in rec.tail.splitlines() if x.startswith("PROBE "))
@@ -119,7 +119,7 @@ def test_no_process_outlives_the_sandbox_even_a_double_fork_with_a_clean_environ
     (tmp_path / "w").mkdir()
     script = tmp_path / "w" / "train.py"
     script.write_text(body)
-    rec = runner.run_script(script, tmp_path / "w", workers=None, timeout=30, max_output_bytes=10_000,
+    rec = runner.run_untrusted(script, tmp_path / "w", workers=None, timeout=30, max_output_bytes=10_000,
                             sandbox={"readable": [], "hidden": []})
     assert rec.returncode == 0 and "escaped?" in rec.tail, rec.tail
     time.sleep(0.5)
@@ -140,7 +140,7 @@ def test_output_written_through_proc_is_capped_like_any_other(tmp_path, capfd):
         "        try:\n"
         "            with open(t, 'wb') as f: f.write(chunk)\n"
         "        except OSError: pass\n")
-    rec = runner.run_script(script, tmp_path / "w", workers=None, timeout=60, max_output_bytes=2_000_000,
+    rec = runner.run_untrusted(script, tmp_path / "w", workers=None, timeout=60, max_output_bytes=2_000_000,
                             sandbox={"readable": [], "hidden": []})
     assert rec.output_exceeded, f"{rec.output_bytes} bytes, rc {rec.returncode}"
     out, err = capfd.readouterr()
@@ -152,10 +152,10 @@ def test_memory_is_bounded(tmp_path):
     script = tmp_path / "w" / "train.py"
     script.write_text("import time\nx = bytearray(1_500_000_000)\nfor i in range(0, len(x), 4096): x[i] = 1\n"
                       "time.sleep(30)\n")
-    rec = runner.run_script(script, tmp_path / "w", workers=None, timeout=60, max_output_bytes=10_000,
+    rec = runner.run_untrusted(script, tmp_path / "w", workers=None, timeout=60, max_output_bytes=10_000,
                             max_memory_bytes=500_000_000, sandbox={"readable": [], "hidden": []})
     assert rec.memory_exceeded and not rec.ok and rec.wall_s < 30
-    assert "memory" in grader._run_failure(rec, rules.QUICK)
+    assert "memory" in grader.run_failure(rec, rules.QUICK)
 
 
 def test_grading_for_a_certificate_refuses_without_the_sandbox(monkeypatch, tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from multigpu import schedules
-from multigpu.train import scaled_lr_schedule
 
 
 def test_scaled_lr_is_linear_in_batch_size():
@@ -30,15 +29,21 @@ def test_warmup_rises_linearly_then_holds():
 
 
 @pytest.mark.parametrize("base_lr, bs, base_bs, warmup", [(0.02, 512, 64, 1.0), (0.1, 64, 256, 0.5), (0.05, 128, 128, 3.0), (0.02, 256, 32, 0.0)])
-def test_schedule_agrees_with_lr_at_and_with_the_training_loop(base_lr, bs, base_bs, warmup):
+def test_schedule_is_lr_at_of_the_fractional_epoch(base_lr, bs, base_bs, warmup):
     s = schedules.linear_scaling_schedule(base_lr, bs, base_bs, warmup)
-    t = scaled_lr_schedule(base_lr, bs, base_bs, warmup)
     for e in (0.0, 0.1, 0.49, 0.5, 1.0, 2.5, 10.0):
         assert s(e) == pytest.approx(schedules.lr_at(e, base_lr, bs, base_bs, warmup))
-        assert s(e) == pytest.approx(t(e)), "multigpu.train.scaled_lr_schedule must follow the same rule"
     assert s(100.0) == pytest.approx(base_lr * bs / base_bs)
 
 
 def test_constant_and_warmup_steps():
     assert schedules.constant(0.3)(5.0) == 0.3
     assert schedules.warmup_steps(0.5, 47) == 24
+
+
+def test_linear_scaling_schedule_warms_up_linearly():
+    s = schedules.linear_scaling_schedule(0.1, batch_size=256, base_batch_size=64, warmup_epochs=2)
+    assert s(0.0) == pytest.approx(0.1)
+    assert s(1.0) == pytest.approx(0.25)
+    assert s(2.0) == s(5.0) == pytest.approx(0.4)
+    assert schedules.linear_scaling_schedule(0.1, 64, 64)(0.0) == pytest.approx(0.1)

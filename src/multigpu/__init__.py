@@ -1,9 +1,30 @@
 """multigpu: the shared code of the course "Training deep learning models on multiple GPUs".
 
-Notebooks import from here instead of pasting code. Modules are organised by topic:
-``devices`` (GPU or CPU mode), ``data`` (the JPEG image data set and its loaders), ``models``
-(AlexNet), ``train`` and ``meters`` (one training loop for 1..N workers), ``launch`` (starting
-worker processes with a time limit), ``notebook`` (helpers for notebook cells) and ``cli``.
+Notebooks import from here instead of pasting code. Which module serves which lab:
+
+=====================  ==================================================================
+every lab              ``devices`` (GPU or CPU mode, threads, pinning), ``data`` (the JPEG
+                       data set and its loaders), ``models`` (AlexNet), ``training`` (one
+                       training loop for 1..N workers), ``meters``, ``notebook`` (quick
+                       mode, progress bars), ``plots``, ``launch`` (every child process:
+                       bounded in time, clear errors)
+Lab 0 (welcome)        ``devices``, ``launch``
+Lab 1 (GD vs SGD)      ``toy``, ``gradient_noise``, ``batching``, ``schedules`` (the one
+                       learning-rate rule: linear scaling with warm-up)
+Lab 2 (pipeline)       ``profiling`` (where one device's time goes), ``paramserver`` (naive
+                       data parallelism), ``scaling_model``, ``ring`` (Lab 2b)
+Lab 3 (Horovod)        ``hvdtools`` (CPU-mode waits, composing the learner's script,
+                       running it), ``run_records`` (the scripts' per-rank records, scaling
+                       tables), ``record_checks`` (facts of a correct run), ``timeline``,
+                       ``scripts.train_horovod`` / ``scripts.train_ddp`` (sharing
+                       ``scripts.common``)
+the assessment         ``grading`` (rules, the sandboxed runner, the grader, the official
+                       grading, certificates, broken variants)
+course tooling         ``layout`` (where the course's folders are), ``release`` (learner
+                       copies, gradebook, collect), ``notebook_hygiene`` (clean
+                       notebooks), ``bench`` (``make bench``), ``cli`` (the one
+                       ``multigpu <verb>`` command)
+=====================  ==================================================================
 """
 
 __version__ = "0.1.0"

@@ -76,7 +76,7 @@ def batches(dataset: Dataset, batch_size: int, count: int, seed: int = 0) -> Ite
 
 
 def summary(history: Mapping[str, Any], batch_size: int, model: nn.Module | None = None) -> dict[str, Any]:
-    """One row of a batch-size sweep from a :func:`multigpu.train.train` history.
+    """One row of a batch-size sweep from a :func:`multigpu.training.train` history.
 
     ``images_per_s`` is the median over epochs (robust to one slow epoch on a busy machine),
     ``val_acc`` the accuracy after the last epoch, ``time_s`` the training time (no evaluation).

@@ -1,6 +1,6 @@
 """``make bench``: the course's performance figures on this machine, each against its target.
 
-    python -m multigpu.bench [--quick] [--only SECTION ...] [--out bench/]
+    multigpu bench [--quick] [--only SECTION ...] [--out bench/]
 
 Sections, run in this order (``--only`` picks some):
 
@@ -57,17 +57,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from multigpu import devices
+from multigpu import devices, layout
 from multigpu.notebook import progress
 
 V = TypeVar("V")
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = layout.course_root()
 SECTION_NAMES: tuple[str, ...] = ("pipeline", "scaling", "levers", "course", "grading")
 #: Learners in the workshop the grading projection is for.
 WORKSHOP_LEARNERS = 30
-#: Folders of ``solutions/`` whose notebooks make up the course.
-COURSE_FOLDERS: tuple[str, ...] = ("notebooks", "assessments")
 #: Seconds a notebook cell may run. A longer cell already breaks the 6-minute notebook target, and
 #: without a limit a lost kernel reply (seen with ipykernel 7: the kernel idles, papermill waits
 #: forever) would stall the whole run.
@@ -361,7 +359,7 @@ def steps(section: str, total: int) -> Iterator[Steps]:
 # --------------------------------------------------------------------------- 1. input pipeline
 
 
-def _decode_files(paths: Sequence[str]) -> int:
+def decode_files(paths: Sequence[str]) -> int:
     """Read and decode each file with Pillow, nothing else (the bound's work, also in a pool)."""
     from multigpu import data
 
@@ -396,16 +394,16 @@ class DecodeBound:
         """Read and decode every file once; images per second over all processes."""
         t0 = time.perf_counter()
         if self.pool is None:
-            n = _decode_files(self.paths)
+            n = decode_files(self.paths)
         else:
-            n = sum(self.pool.map(_decode_files, [self.paths[i :: self.processes] for i in range(self.processes)]))
+            n = sum(self.pool.map(decode_files, [self.paths[i :: self.processes] for i in range(self.processes)]))
         return n / (time.perf_counter() - t0)
 
 
 def bench_pipeline(plan: Plan, deadline: float) -> Section:
     """Section 1: the default input pipeline against the read + decode bound, interleaved."""
     from multigpu import data, profiling
-    from multigpu import train as training
+    from multigpu import training
 
     section = Section("pipeline", "Input pipeline: JPEG read + decode + augment vs read + decode alone")
     root = data.ensure_dataset()
@@ -485,7 +483,7 @@ def bench_scaling(plan: Plan, deadline: float) -> Section:
     """Section 2: Horovod vs DDP training throughput on 1..N workers, Horovod vs Gloo all-reduce."""
     import torch
 
-    from multigpu import hvdtools, launch, models
+    from multigpu import hvdtools, launch, models, run_records
 
     section = Section("scaling", "Scaling: Horovod vs DDP training throughput, Horovod vs Gloo all-reduce")
     launchers = {"Horovod": ("horovodrun", hvdtools.REFERENCE_MODULE), "DDP": ("torchrun", hvdtools.DDP_MODULE)}
@@ -517,9 +515,9 @@ def bench_scaling(plan: Plan, deadline: float) -> Section:
             launcher, module = launchers[label]
             t0 = time.perf_counter()
             one_thread = ["--threads", "1"] if n == 1 else []  # the ideal's unit: one core's share
-            records = hvdtools.run_script(n, [*args, *one_thread], out=Path(tmp) / f"{label}-{n}", module=module,
-                                          launcher=launcher, timeout=300, echo=False)
-            rates[label, n].append(hvdtools.throughput(records))
+            run = hvdtools.run_script(n, [*args, *one_thread], out=Path(tmp) / f"{label}-{n}", module=module,
+                                      launcher=launcher, timeout=300, echo=False)
+            rates[label, n].append(run_records.throughput(run))
             log.finished(f"{label}, {n} worker(s), repeat {r + 1}/{plan.scaling_repeats}: "
                          f"{fmt(rates[label, n][-1], 'images/s')} ({time.perf_counter() - t0:.0f} s)")
         for r, (lib, n) in ar_order:
@@ -579,7 +577,7 @@ CONCURRENT = "two independent one-thread workers at once (no communication)"
 def _concurrent_images_per_s(args: Sequence[str], cores: Sequence[int], tmp: Path) -> float:
     """Images/s of ``len(cores)`` one-worker runs of the course's script started together, each
     pinned to its own core, summed: what the cores deliver when nothing is communicated."""
-    from multigpu import hvdtools, launch
+    from multigpu import hvdtools, launch, run_records
 
     procs, outs = [], []
     for i, core in enumerate(cores):
@@ -598,7 +596,7 @@ def _concurrent_images_per_s(args: Sequence[str], cores: Sequence[int], tmp: Pat
                 p.kill()
     if any(codes):
         raise RuntimeError(f"a concurrent one-worker run failed (exit codes {codes})")
-    return sum(hvdtools.throughput(hvdtools.read_records(out, 1)) for out in outs)
+    return sum(run_records.throughput(run_records.read_records(out, 1)) for out in outs)
 
 
 def bench_levers(plan: Plan, deadline: float) -> Section:
@@ -608,7 +606,7 @@ def bench_levers(plan: Plan, deadline: float) -> Section:
     each repeat runs one one-thread worker (the ideal's unit), torch DDP (pinned and not) and
     every lever of :data:`LEVERS` at each of :data:`LEVER_WORKERS`, in one interleaved order.
     """
-    from multigpu import hvdtools
+    from multigpu import hvdtools, run_records
 
     section = Section("levers", "Horovod's CPU levers, one at a time, against the ideal and torch DDP")
     args = ["--synthetic", str(plan.synthetic_images), "--epochs", str(plan.epochs), "--quiet"]
@@ -638,9 +636,9 @@ def bench_levers(plan: Plan, deadline: float) -> Section:
                 continue
             module = hvdtools.DDP_MODULE if launcher == "torchrun" else hvdtools.REFERENCE_MODULE
             extra = ["--threads", "1"] if n == 1 else []
-            records = hvdtools.run_script(n, [*args, *extra], out=Path(tmp) / "run", module=module,
-                                          launcher=launcher, timeout=300, env=env, echo=False)
-            rates[label, n].append(hvdtools.throughput(records))
+            run = hvdtools.run_script(n, [*args, *extra], out=Path(tmp) / "run", module=module,
+                                      launcher=launcher, timeout=300, env=env, echo=False)
+            rates[label, n].append(run_records.throughput(run))
             log.finished(f"{label}, {n} worker(s), repeat {r + 1}: {fmt(rates[label, n][-1], 'images/s')}")
     one = rates["one worker, one thread", 1]
     section.figures.append(Figure("one worker, one thread", "images/s", one))
@@ -669,7 +667,7 @@ def bench_levers(plan: Plan, deadline: float) -> Section:
 
 def solution_notebooks(repo: Path = REPO) -> list[Path]:
     """Every notebook of the course: the labs, then the assessment."""
-    return [p for folder in COURSE_FOLDERS for p in sorted((repo / "solutions" / folder).glob("*.ipynb"))]
+    return [p for folder in layout.ASSIGNMENTS for p in sorted((repo / layout.SOLUTIONS / folder).glob("*.ipynb"))]
 
 
 @contextmanager
@@ -726,12 +724,12 @@ def bench_course(plan: Plan, deadline: float) -> Section:
         f"({'QUICK parameters: not the course a learner runs' if plan.quick else 'default parameters'}); "
         "one run each (n=1). The assessment notebook runs the grader.",
     ]
-    if not any(p.parent.name == "assessments" for p in notebooks):
+    if not any(p.parent.name == layout.ASSESSMENT for p in notebooks):
         section.notes.append("solutions/assessments/ holds no notebook yet: the course total covers the labs only.")
     failed = []
     with steps("course", len(notebooks)) as log:
         for path in notebooks:
-            name = str(path.relative_to(REPO / "solutions"))
+            name = str(path.relative_to(REPO / layout.SOLUTIONS))
             log.starting(f"{name} ({params or 'default parameters'})")
             figure = Figure(name, "s", target=Target("<", 6 * 60), note=params)
             try:
@@ -758,13 +756,8 @@ def bench_course(plan: Plan, deadline: float) -> Section:
 def bench_grading(plan: Plan, deadline: float) -> Section:
     """Section 4: grading the reference solution, as often as ``plan`` and the ``deadline`` allow."""
     section = Section("grading", "Grading: the reference assessment solution, end to end")
-    try:
-        from multigpu.grading import grader, rules
-    except ImportError as exc:
-        section.status = "skipped"
-        section.notes.append(f"skipped: grading package not available ({exc})")
-        print(f"[grading] skipped: grading package not available ({exc})", flush=True)
-        return section
+    from multigpu.grading import grader, rules
+
     params = "quick parameters" if plan.quick else ""
     times: list[float] = []
     verdicts: list[str] = []
@@ -810,7 +803,7 @@ SECTIONS: dict[str, Callable[[Plan, float], Section]] = {
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m multigpu.bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="multigpu bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="few repeats, quick notebook parameters (~2-3 minutes)")
     p.add_argument("--only", nargs="+", choices=SECTION_NAMES, metavar="SECTION",
@@ -827,7 +820,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.monotonic()
     deadline = start + plan.budget_s
     report: dict[str, Any] = {
-        "command": " ".join(["python -m multigpu.bench", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["multigpu bench", *(argv if argv is not None else sys.argv[1:])]),
         "quick": plan.quick, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "duration_s": 0.0, "machine": machine(), "plan": asdict(plan),
     }

@@ -3,6 +3,9 @@
     multigpu info                 mode (GPU/CPU), cores, GPUs, torch and Horovod build
     multigpu data [--root DIR]    generate (once) the course's JPEG data set and say where it is
     multigpu clean-notebooks      strip outputs and volatile metadata from the course notebooks
+    multigpu release [--check | --gradebook | --collect PATH | --assignments]
+                                  learner copies, gradebook, collected submissions (multigpu.release)
+    multigpu bench [ARGS]         performance figures against their targets (multigpu.bench)
     multigpu grade / certify / keygen / verify / calibrate   (the assessment, see README.md)
 """
 
@@ -43,10 +46,10 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from multigpu import nbtools
+    from multigpu import notebook_hygiene
 
-    paths = [Path(p) for p in args.paths] or nbtools.course_notebooks(Path.cwd())
-    changed = [p for p in paths if nbtools.clean(p, check=args.check)]
+    paths = [Path(p) for p in args.paths] or notebook_hygiene.course_notebooks(Path.cwd())
+    changed = [p for p in paths if notebook_hygiene.clean(p, check=args.check)]
     verb = "not clean" if args.check else "cleaned"
     for p in changed:
         print(f"{verb}: {p}")
@@ -77,16 +80,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 if any is not clean")
     p.set_defaults(func=cmd_clean)
 
-    try:
-        from multigpu.grading import cli as grading_cli
-    except ImportError:  # the grading package is optional while the course is being built
-        grading_cli = None
-    if grading_cli is not None:
-        grading_cli.register(sub)
+    # verbs whose module parses its own arguments (main() hands them over before parsing)
+    sub.add_parser("release", help="learner copies from solutions/, the gradebook, collecting submissions")
+    sub.add_parser("bench", help="performance figures against their targets (make bench)")
+
+    from multigpu.grading import cli as grading_cli
+
+    grading_cli.register(sub)
     return parser
 
 
+#: ``multigpu VERB ARGS``: the module whose ``main(ARGS)`` runs the verb.
+DELEGATED = {"release": "multigpu.release", "bench": "multigpu.bench"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        return int(importlib.import_module(DELEGATED[argv[0]]).main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -119,13 +119,6 @@ def pin_worker(local_rank: int, local_size: int, info: MachineInfo | None = None
     return core
 
 
-def configure_worker(local_rank: int = 0, workers_per_node: int = 1) -> torch.device:
-    """Set this process's thread count and return its device. Call once at worker start."""
-    info = detect()
-    torch.set_num_threads(threads_per_worker(workers_per_node, info))
-    return worker_device(local_rank, info)
-
-
 def describe(workers: int | None = None, info: MachineInfo | None = None) -> str:
     """One paragraph that tells a learner which mode is active and what it means for numbers."""
     info = info or detect()

@@ -1,4 +1,6 @@
-"""Horovod helpers for Lab 3: CPU-mode tuning, composing the learner's script, running and reading runs.
+"""Horovod helpers for Lab 3: CPU-mode waits, composing the learner's script, running it.
+
+The run records the scripts write are read by :mod:`multigpu.run_records`.
 
 Why Horovod is slow on an oversubscribed CPU, and what :func:`patient_waits` does about it:
 ``optimizer.step()`` waits for the gradients' all-reduce in ``hvd.synchronize()``, which Horovod
@@ -14,10 +16,7 @@ from __future__ import annotations
 import ast
 import builtins
 import inspect
-import json
 import os
-import re
-import subprocess
 import sys
 import textwrap
 import time
@@ -138,69 +137,6 @@ def _command(script: str | Path | None, module: str | None) -> list[str]:
     return [sys.executable, str(script)] if script is not None else [sys.executable, "-m", module]  # type: ignore[list-item]
 
 
-def torchrun(
-    argv: Sequence[str],
-    nproc: int,
-    *,
-    timeout: float = 300.0,
-    env: dict[str, str] | None = None,
-    echo: bool = True,
-) -> Any:
-    """Run ``torchrun --standalone --nproc-per-node=N argv`` bounded in time (like ``launch.horovodrun``).
-
-    ``argv`` starts with the script (``["-m", "pkg.mod", ...]`` or ``["train.py", ...]``).
-    """
-    from multigpu import launch
-
-    cmd = [launch._bin("torchrun"), "--standalone", f"--nproc-per-node={nproc}", *argv]
-    run_env = launch.worker_env(env)
-    run_env.setdefault("OMP_NUM_THREADS", "1")
-    proc = subprocess.Popen(cmd, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    what = f"torchrun --nproc-per-node={nproc}"
-    result = launch._supervise([proc], ["torchrun"], timeout, echo, what)
-    if result.returncodes[0] != 0:
-        tail = "\n".join(result.output[-30:])
-        raise launch.WorkerError(f"{what} exited with code {result.returncodes[0]}. Last output:\n{tail}")
-    return result
-
-
-def worker_errors(output: Sequence[str], limit: int = 25) -> str:
-    """The workers' own traceback lines from ``horovodrun`` output (``[R]<stderr>:...``),
-    without horovodrun's traceback of itself, so the learner sees what went wrong in the script."""
-    pattern = re.compile(r"^(?:\[horovodrun\] )?\[(\d+)\]<stderr>:(.*)$")
-    first: str | None = None
-    picked: list[str] = []
-    for line in output:
-        m = pattern.match(line)
-        if not m:
-            continue
-        rank, text = m.groups()
-        if first is None and text.startswith("Traceback"):
-            first = rank
-        if first == rank:
-            picked.append(text)
-    if not picked:
-        return "Last output:\n" + "\n".join(output[-limit:])
-    errors = [t for t in picked if re.match(r"^[A-Za-z_.]*(Error|Exception|Interrupt|Exit)\b", t)]
-    summary = f"Rank {first} failed with: {errors[-1]}\n" if errors else ""
-    return summary + f"Traceback of rank {first}:\n" + "\n".join(picked[-limit:])
-
-
-def read_records(out: str | Path, size: int) -> list[dict[str, Any]]:
-    """The ``rank<R>.json`` records a ``--record`` run left in ``out``, in rank order."""
-    records = []
-    for rank in range(size):
-        path = Path(out) / f"rank{rank}.json"
-        if not path.exists():
-            raise FileNotFoundError(
-                f"rank {rank} left no record {path}: did the script run with --record and --out {out}, "
-                f"and with {size} workers?"
-            )
-        records.append(json.loads(path.read_text()))
-    return records
-
-
 def run_script(
     np: int,
     args: Sequence[str] = (),
@@ -219,7 +155,7 @@ def run_script(
     script), or ``"python"`` (one plain process, ``np`` must be 1). Old records in ``out`` are
     removed first. Output is streamed live; a crash or a hang raises ``launch.WorkerError``.
     """
-    from multigpu import launch
+    from multigpu import launch, run_records
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -233,93 +169,14 @@ def run_script(
         if result.returncodes[0] != 0:
             raise launch.WorkerError(
                 f"horovodrun -np {np} failed (exit code {result.returncodes[0]}). "
-                + worker_errors(result.output)
+                + launch.worker_errors(result.output)
             )
     elif launcher == "torchrun":
-        torchrun(argv[1:], np, timeout=timeout, env=env, echo=echo)
+        launch.torchrun(argv[1:], np, timeout=timeout, env=env, echo=echo)
     elif launcher == "python":
         if np != 1:
             raise ValueError("launcher='python' runs one process: np must be 1")
-        proc = subprocess.Popen(argv, env=launch.worker_env(env), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        result = launch._supervise([proc], ["python"], timeout, echo, "python")
-        if result.returncodes[0] != 0:
-            raise launch.WorkerError("the script exited with code "
-                                     f"{result.returncodes[0]}. Last output:\n" + "\n".join(result.output[-30:]))
+        launch.run_command(argv, label="python", what="the script", timeout=timeout, env=env, echo=echo)
     else:
         raise ValueError(f"unknown launcher {launcher!r}")
-    return read_records(out, np)
-
-
-# --------------------------------------------------------------------------- reading runs
-
-
-def throughput(records: Sequence[dict[str, Any]]) -> float:
-    """Aggregate images/s of a run: the median over its epochs of rank 0's averaged figure."""
-    values = sorted(v for v in records[0]["history"]["images_per_s"] if v)
-    if not values:
-        return 0.0
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
-def scaling_rows(runs: dict[tuple[str, int], Sequence[dict[str, Any]]], cores: int | None = None) -> list[dict[str, Any]]:
-    """One row per run ``(label, workers) -> records``: throughput, speed-up over the 1-worker
-    run of the same label (or any 1-worker run), the ideal ``min(workers, devices)`` and the
-    efficiency = speed-up / ideal; time to accuracy when reached."""
-    from multigpu import devices
-
-    info = devices.detect()
-    if cores is not None:
-        info = devices.MachineInfo(info.mode, cores, info.gpus, info.gpu_names, info.torch_version)
-    singles = {label: throughput(r) for (label, n), r in runs.items() if n == 1}
-    any_single = next(iter(singles.values()), None)
-    rows = []
-    for (label, n), recs in runs.items():
-        rate = throughput(recs)
-        base = singles.get(label, any_single)
-        ideal = devices.ideal_factor(n, info)
-        speedup = rate / base if base else float("nan")
-        rows.append({
-            "run": label, "workers": n, "images_per_s": rate, "speedup": speedup, "ideal": ideal,
-            "efficiency": speedup / ideal, "time_to_accuracy_s": recs[0]["history"].get("time_to_accuracy_s"),
-            "final_val_acc": (recs[0]["history"]["val_acc"] or [None])[-1],
-            "cpu_s_per_image": (sum(r.get("cpu_s", 0.0) for r in recs)
-                                / max(1, sum(r["history"]["steps"] for r in recs) * recs[0]["args"]["batch_size"])),
-        })
-    return rows
-
-
-def format_rows(rows: Sequence[dict[str, Any]]) -> str:
-    """A plain-text table of :func:`scaling_rows`."""
-    head = f"{'run':<16}{'workers':>8}{'img/s':>9}{'speed-up':>10}{'ideal':>7}{'efficiency':>12}{'to target':>11}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        tta = f"{r['time_to_accuracy_s']:.1f} s" if r["time_to_accuracy_s"] else "-"
-        lines.append(f"{r['run']:<16}{r['workers']:>8}{r['images_per_s']:>9.0f}{r['speedup']:>9.2f}x"
-                     f"{r['ideal']:>6}x{r['efficiency']:>11.0%}{tta:>11}")
-    return "\n".join(lines)
-
-
-def plot_scaling(rows: Sequence[dict[str, Any]], ax: Any = None) -> Any:
-    """Throughput against workers, one line per run label, with the ideal of this machine."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 4))
-    labels = list(dict.fromkeys(r["run"] for r in rows))
-    base = next((r["images_per_s"] / r["speedup"] for r in rows if r["speedup"] == r["speedup"] and r["speedup"]), None)
-    workers = sorted({r["workers"] for r in rows})
-    if base:
-        ax.plot(workers, [base * max(1, min(w, r_ideal)) for w, r_ideal in
-                          zip(workers, [max(x["ideal"] for x in rows if x["workers"] == w) for w in workers])],
-                "k--", label="ideal on this machine")
-    for label in labels:
-        pts = sorted((r["workers"], r["images_per_s"]) for r in rows if r["run"] == label)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
-    ax.set_xticks(workers)
-    ax.set_xlabel("workers")
-    ax.set_ylabel("images/s (all workers)")
-    ax.set_ylim(bottom=0)
-    ax.legend()
-    return ax
+    return run_records.read_records(out, np)

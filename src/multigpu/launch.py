@@ -12,6 +12,9 @@ cannot flood a notebook.
 - :func:`horovodrun` runs a command under ``horovodrun -np N -H localhost:N``.
 - :func:`run_horovod` runs ``fn(*args)`` under ``horovodrun`` in N processes (``fn`` calls
   ``hvd.init()`` itself) and returns each rank's return value.
+- :func:`torchrun` runs a command under ``torchrun --standalone``; :func:`run_command` any one
+  command (a plain ``python``) the same way; :func:`worker_errors` picks the failing worker's
+  traceback out of ``horovodrun``'s output.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -34,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+
+from multigpu import layout
 
 #: Lines of output printed per job before the rest is dropped (the tail is still kept for errors).
 MAX_PRINTED_LINES = 2000
@@ -70,7 +76,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _bin(name: str) -> str:
+def executable(name: str) -> str:
     """An executable of the running Python's environment (e.g. the venv's ``horovodrun``)."""
     candidate = Path(sys.executable).parent / name
     if candidate.exists():
@@ -109,18 +115,20 @@ def _dump_job(path: Path, fn: Callable[..., Any], args: Sequence[Any], backend: 
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for workers: ours, with this package importable and output unbuffered."""
+    """The environment for workers: ours, with this package importable and output unbuffered.
+    ``extra`` overrides variables; a ``PYTHONPATH`` in it goes after this package's folder and
+    before the inherited one."""
     env = dict(os.environ)
-    src = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    extra = {k: str(v) for k, v in (extra or {}).items()}
+    paths = [str(layout.IMPORT_ROOT), extra.pop("PYTHONPATH", ""), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("MULTIGPU_PLAIN_PROGRESS", "1")
-    if extra:
-        env.update({k: str(v) for k, v in extra.items()})
+    env.update(extra)
     return env
 
 
-def _kill(procs: Sequence[subprocess.Popen]) -> None:
+def kill_sessions(procs: Sequence[subprocess.Popen]) -> None:
     """Kill each process's whole session (its children too: horovodrun starts the workers)."""
     for p in procs:
         if p.poll() is None:
@@ -135,7 +143,7 @@ def _kill(procs: Sequence[subprocess.Popen]) -> None:
             pass
 
 
-def _supervise(
+def supervise(
     procs: list[subprocess.Popen],
     labels: list[str],
     timeout: float,
@@ -166,7 +174,7 @@ def _supervise(
         while True:
             now = time.monotonic()
             if now > deadline:
-                _kill(procs)
+                kill_sessions(procs)
                 running = [labels[i] for i, p in enumerate(procs) if p.returncode in (None, -signal.SIGKILL)]
                 tail = "\n".join(output[-20:])
                 raise WorkerTimeout(
@@ -195,11 +203,11 @@ def _supervise(
                 if bad:
                     first_failure, failure_time = bad[0], time.monotonic()
             if first_failure is not None and time.monotonic() - failure_time > CRASH_GRACE_S:
-                _kill(procs)
+                kill_sessions(procs)
             if all(c is not None for c in codes) and (open_streams == 0 or first_failure is not None):
                 break
     except BaseException:
-        _kill(procs)  # KeyboardInterrupt in a notebook must not leave orphans behind
+        kill_sessions(procs)  # KeyboardInterrupt in a notebook must not leave orphans behind
         raise
     for t in readers:
         t.join(timeout=1)
@@ -296,7 +304,7 @@ def run(
             )
         labels = [f"rank {r}" for r in range(nprocs)]
         what = f"job of {nprocs} worker(s)"
-        result = _supervise(procs, labels, timeout, echo, what)
+        result = supervise(procs, labels, timeout, echo, what)
         return _read_values(outdir, nprocs, labels, result, what)
 
 
@@ -316,21 +324,36 @@ def horovodrun(
     ``hosts`` defaults to ``localhost:N``; several nodes look like ``"server1:4,server2:4"``.
     With ``check`` (default) a non-zero exit raises :class:`WorkerError` with the output tail.
     """
-    cmd = [_bin("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", *horovod_args, *argv]
-    proc = subprocess.Popen(
-        cmd,
-        env=worker_env(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    what = f"horovodrun -np {np}"
-    result = _supervise([proc], ["horovodrun"], timeout, echo, what)
+    cmd = [executable("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", *horovod_args, *argv]
+    return run_command(cmd, label="horovodrun", what=f"horovodrun -np {np}", timeout=timeout, env=env, echo=echo,
+                       check=check)
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    label: str,
+    what: str,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    echo: bool = True,
+    check: bool = True,
+) -> JobResult:
+    """Run one command (a launcher such as ``horovodrun`` or ``torchrun``, or a plain ``python``)
+    in its own session with :func:`worker_env`, supervised like :func:`run`'s workers: live
+    output prefixed with nothing, the time limit, the whole session killed at the end. With
+    ``check`` a non-zero exit raises :class:`WorkerError` with the output tail."""
+    proc = subprocess.Popen(list(argv), env=worker_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    result = supervise([proc], [label], timeout, echo, what)
     if check and result.returncodes[0] != 0:
-        tail = "\n".join(result.output[-30:])
-        raise WorkerError(f"{what} exited with code {result.returncodes[0]}. Last output:\n{tail}")
+        raise WorkerError(exit_message(what, result.returncodes[0], result.output[-30:]))
     return result
+
+
+def exit_message(what: str, code: int | None, output: Sequence[str]) -> str:
+    """The one wording of "a process failed": what, its exit code, the lines it left."""
+    return f"{what} exited with code {code}. Last output:\n" + "\n".join(output)
 
 
 def run_horovod(
@@ -360,5 +383,44 @@ def run_horovod(
         )
         values = _read_values(outdir, np, [f"rank {r}" for r in range(np)], result, f"horovodrun -np {np}")
         if result.returncodes[0] != 0:
-            raise WorkerError(f"horovodrun -np {np} exited with code {result.returncodes[0]}:\n{result.text[-2000:]}")
+            raise WorkerError(exit_message(f"horovodrun -np {np}", result.returncodes[0], result.output[-30:]))
         return values
+
+
+def torchrun(
+    argv: Sequence[str],
+    nproc: int,
+    *,
+    timeout: float = 300.0,
+    env: dict[str, str] | None = None,
+    echo: bool = True,
+) -> Any:
+    """Run ``torchrun --standalone --nproc-per-node=N argv`` bounded in time (like :func:`horovodrun`).
+
+    ``argv`` starts with the script (``["-m", "pkg.mod", ...]`` or ``["train.py", ...]``).
+    """
+    cmd = [executable("torchrun"), "--standalone", f"--nproc-per-node={nproc}", *argv]
+    return run_command(cmd, label="torchrun", what=f"torchrun --nproc-per-node={nproc}", timeout=timeout,
+                              env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}, echo=echo)
+
+
+def worker_errors(output: Sequence[str], limit: int = 25) -> str:
+    """The workers' own traceback lines from ``horovodrun`` output (``[R]<stderr>:...``),
+    without horovodrun's traceback of itself, so the learner sees what went wrong in the script."""
+    pattern = re.compile(r"^(?:\[horovodrun\] )?\[(\d+)\]<stderr>:(.*)$")
+    first: str | None = None
+    picked: list[str] = []
+    for line in output:
+        m = pattern.match(line)
+        if not m:
+            continue
+        rank, text = m.groups()
+        if first is None and text.startswith("Traceback"):
+            first = rank
+        if first == rank:
+            picked.append(text)
+    if not picked:
+        return "Last output:\n" + "\n".join(output[-limit:])
+    errors = [t for t in picked if re.match(r"^[A-Za-z_.]*(Error|Exception|Interrupt|Exit)\b", t)]
+    summary = f"Rank {first} failed with: {errors[-1]}\n" if errors else ""
+    return summary + f"Traceback of rank {first}:\n" + "\n".join(picked[-limit:])

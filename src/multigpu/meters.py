@@ -9,9 +9,9 @@ import torch
 
 
 class ThroughputMeter:
-    """Items per second over the steps after ``warmup_steps``.
+    """Items per second over the steps after ``untimed_steps``.
 
-    Call :meth:`step` with the number of items after each step. The first ``warmup_steps`` steps
+    Call :meth:`step` with the number of items after each step. The first ``untimed_steps`` steps
     (memory allocation, cuDNN autotuning, loader start-up) are not counted: the clock starts
     when the last warm-up step ends. On a CUDA ``device`` every reading first calls
     ``torch.cuda.synchronize()`` so that queued GPU work is inside the measured time.
@@ -23,13 +23,13 @@ class ThroughputMeter:
 
     def __init__(
         self,
-        warmup_steps: int = 5,
+        untimed_steps: int = 5,
         device: torch.device | str | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if warmup_steps < 0:
-            raise ValueError("warmup_steps must be >= 0")
-        self.warmup_steps = int(warmup_steps)
+        if untimed_steps < 0:
+            raise ValueError("untimed_steps must be >= 0")
+        self.untimed_steps = int(untimed_steps)
         self.device = torch.device(device) if device is not None else None
         self.clock = clock
         self.reset()
@@ -40,7 +40,7 @@ class ThroughputMeter:
         self.items = 0  #: items counted after warm-up
         self.all_items = 0
         self._t0 = self._sync_time()  # start of step 1
-        self._t_warm: float | None = self._t0 if self.warmup_steps == 0 else None
+        self._t_warm: float | None = self._t0 if self.untimed_steps == 0 else None
         self._t_last = self._t0
 
     def _sync_time(self) -> float:
@@ -51,7 +51,7 @@ class ThroughputMeter:
     def start(self) -> None:
         """Restart the clock without forgetting steps (call right before the first step)."""
         self._t0 = self._sync_time()
-        if self.steps == 0 and self.warmup_steps == 0:
+        if self.steps == 0 and self.untimed_steps == 0:
             self._t_warm = self._t0
         self._t_last = self._t0
 
@@ -60,16 +60,16 @@ class ThroughputMeter:
         now = self._sync_time()
         self.steps += 1
         self.all_items += int(n_items)
-        if self.steps > self.warmup_steps:
+        if self.steps > self.untimed_steps:
             self.items += int(n_items)
-        elif self.steps == self.warmup_steps:
+        elif self.steps == self.untimed_steps:
             self._t_warm = now
         self._t_last = now
 
     @property
     def warm(self) -> bool:
         """True when at least one step after warm-up was measured."""
-        return self.steps > self.warmup_steps
+        return self.steps > self.untimed_steps
 
     @property
     def elapsed(self) -> float:
@@ -85,10 +85,8 @@ class ThroughputMeter:
         t = self.elapsed
         return items / t if t > 0 and items else 0.0
 
-    items_per_second = images_per_second
-
     def __repr__(self) -> str:
-        return f"ThroughputMeter(steps={self.steps}, warmup={self.warmup_steps}, {self.images_per_second:.1f} items/s)"
+        return f"ThroughputMeter(steps={self.steps}, untimed={self.untimed_steps}, {self.images_per_second:.1f} items/s)"
 
 
 class AverageMeter:

@@ -103,7 +103,7 @@ class AlexNetSmall(nn.Module):
     -> FC 2048->classes. Pools are AlexNet's overlapping 3x3, stride 2. A BatchNorm follows each
     convolution unless ``batch_norm=False``: without it, this network trained from scratch sat
     at chance for ~1,000 SGD steps on the course's images; with it, the reference recipe
-    reaches >= 90% in 3 epochs (see ``train.TrainConfig``).
+    reaches >= 90% in 3 epochs (see ``training.TrainConfig``).
 
     Parameters: exactly 5,646,730 with 10 classes: 247,488 (4%) in the convolutions, 704 in
     the batch norms and 5,398,538 (96%) in the fully-connected layers, the same split as

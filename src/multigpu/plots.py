@@ -139,7 +139,7 @@ def plot_batch_sweep(
 
 
 def plot_histories(histories: Mapping[str, Mapping[str, Any]], key: str = "val_acc", ax: Any = None) -> Any:
-    """One curve per run (label -> history dict from :func:`multigpu.train.train`) of ``key`` per epoch."""
+    """One curve per run (label -> history dict from :func:`multigpu.training.train`) of ``key`` per epoch."""
     ax = _axes(ax)
     for label, h in histories.items():
         values = np.asarray(h[key], dtype=float)

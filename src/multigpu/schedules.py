@@ -11,7 +11,7 @@ Goyal et al. 2017 ("Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour")
 
 Lab 1 has the learner write both; this is the reference the later labs import and the
 hidden tests compare against. Schedules are functions of the *fractional* epoch
-(``epoch + step / steps_per_epoch``), the argument :func:`multigpu.train.train` passes.
+(``epoch + step / steps_per_epoch``), the argument :func:`multigpu.training.train` passes.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from multigpu.grading.grader import REPO
+from multigpu import layout
 
 COURSE = "Training Deep Learning Models on Multiple GPUs"
 FORMAT = "multigpu-certificate/1"
@@ -72,8 +72,8 @@ def keygen(path: str | os.PathLike | None = None) -> tuple[Path, Path]:
     existing key (overwriting it would invalidate every certificate issued with it).
     """
     private = Path(path).expanduser() if path else default_key_path()
-    resolved = private.resolve()
-    if resolved == REPO or REPO in resolved.parents:
+    resolved, course = private.resolve(), layout.course_root()
+    if resolved == course or course in resolved.parents:
         raise ValueError(f"{private} is inside the course repository: keep the private key outside it "
                          f"(default {default_key_path()})")
     if private.exists():

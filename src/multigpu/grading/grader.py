@@ -11,7 +11,7 @@ What it does, in order (nothing the script prints or writes as a metric is trust
 3. Runs the unmodified starter on one worker with ONE thread (the baseline: one core's share,
    the same ideal Lab 3 and ``make bench`` use), the submission with ``horovodrun -np 4`` under
    the time budget, and the baseline again (interleaved, so a slow minute hits both), each with
-   :func:`runner.run_script` inside the sandbox (:mod:`multigpu.grading.sandbox`): bounded in
+   :func:`runner.run_untrusted` inside the sandbox (:mod:`multigpu.grading.sandbox`): bounded in
    time, output and memory, no process left behind, checkpoint arrival timed by the grader's
    clock, the workers' loopback traffic counted by the kernel.
 4. Loads every ``rank-<R>-epoch-<E>.pt`` with ``weights_only=True`` (no code from a
@@ -47,16 +47,16 @@ from typing import Any
 
 import torch
 
-from multigpu import data, devices, models, timeline, train
+from multigpu import data, devices, layout, models, timeline, training
 from multigpu.grading import rules, runner
 from multigpu.grading.rules import RESULT_FILE, Settings
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
+REPO = layout.course_root()
 #: The unmodified single-device script learners convert (released as ``assessments/train.py``).
 STARTER = HERE / "starter.py"
 #: The instructor's converted solution (never released).
-REFERENCE = REPO / "solutions" / "assessments" / "train.py"
+REFERENCE = layout.reference_solution(REPO)
 
 #: Criterion -> points. A submission passes with all of them.
 POINTS: dict[str, int] = {"workers": 2, "identical": 2, "sharded": 2, "accuracy": 3, "throughput": 1}
@@ -407,7 +407,7 @@ def holdout_accuracy(state: dict[str, torch.Tensor], holdout: Path) -> float:
                          f"({', '.join(models.MODELS)}) with {len(classes)} classes")
     model, name = fitted
     dataset = data.JPEGFolder(holdout, data.val_transform(models.default_image_size(name)), split="val")
-    _, accuracy = train.evaluate(model, data.make_loader(dataset, 256))
+    _, accuracy = training.evaluate(model, data.make_loader(dataset, 256))
     return accuracy
 
 
@@ -485,10 +485,32 @@ def learning_rate_hints(source: str) -> list[str]:
     return hints
 
 
-def _run_failure(rec: runner.RunRecord, settings: Settings) -> str | None:
-    """Why a run did not end cleanly, in words a learner can act on (None: it did)."""
-    from multigpu.hvdtools import worker_errors
+#: Seconds a run goes on after rank 0 saved its 2nd epoch while no other rank has saved anything
+#: (see :func:`lone_rank0`): the ranks of a data-parallel run save within a step of each other,
+#: and a script that saves every rank's checkpoints in one burst at the end does so within a second.
+LONE_RANK0_GRACE_S = 15.0
 
+
+def lone_rank0(workers: int, grace_s: float = LONE_RANK0_GRACE_S) -> runner.StopRule:
+    """A stop rule for :func:`runner.run_untrusted`: stop a run in which only rank 0 ever saved,
+    ``grace_s`` after its 2nd epoch's checkpoint. Such a run cannot earn a point (every criterion
+    needs every rank's checkpoints of an epoch), and an unconverted script (4 copies of one
+    worker, each on all the data) would otherwise run for the whole time budget."""
+    def rule(seen: dict[tuple[int, int], float], elapsed: float) -> str:
+        second = seen.get((0, 2))
+        if workers < 2 or second is None or elapsed - second < grace_s or any(r != 0 for r, _ in seen):
+            return ""
+        return (f"stopped early, {elapsed:.0f} s into the run: rank 0 saved 2 epochs and {grace_s:.0f} s later no "
+                "other rank had saved a checkpoint, so the run could not earn a point")
+    return rule
+
+
+def run_failure(rec: runner.RunRecord, settings: Settings) -> str | None:
+    """Why a run did not end cleanly, in words a learner can act on (None: it did)."""
+    from multigpu.launch import worker_errors
+
+    if rec.stopped_early:
+        return rec.stopped_early
     if rec.timed_out:
         return (f"the run did not finish within the time budget T = {settings.time_budget_s:.0f} s and was stopped "
                 "(a rank waiting in a collective another never joined, an endless loop, or too many epochs). "
@@ -513,8 +535,8 @@ def sandbox_rules(train_root: Path, extra_hidden: Sequence[os.PathLike | str] = 
     (gradebook, submissions) of the course and of the current folder hidden."""
     from multigpu.grading import certificates
 
-    hidden = [certificates.default_key_path().parent, data.data_home(), REPO / "grading",
-              Path.cwd() / "grading", *extra_hidden]
+    hidden = [certificates.default_key_path().parent, data.data_home(), REPO / layout.GRADING,
+              Path.cwd() / layout.GRADING, *extra_hidden]
     return {"readable": [train_root, *readable], "hidden": [h for h in hidden if Path(h).exists()]}
 
 
@@ -525,13 +547,13 @@ def _baseline(settings: Settings, workdir: Path, train_root: Path, index: int, l
     work.mkdir()
     shutil.copy(STARTER, work / "train.py")
     ckpt = work / "checkpoints"
-    rec = runner.run_script(work / "train.py", work, workers=None, timeout=settings.time_budget_s,
+    rec = runner.run_untrusted(work / "train.py", work, workers=None, timeout=settings.time_budget_s,
                             max_output_bytes=settings.max_output_bytes, max_memory_bytes=settings.max_memory_bytes,
                             args=("--epochs", str(settings.baseline_epochs), "--threads", str(BASELINE_THREADS)),
                             env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt)},
                             checkpoint_dir=ckpt, sandbox=sandbox)
     if not rec.ok:
-        log(f"baseline run {index + 1} failed: {_run_failure(rec, settings)}")
+        log(f"baseline run {index + 1} failed: {run_failure(rec, settings)}")
         return None
     loaded = {k: load_checkpoint(p) for k, p in _checkpoints(ckpt).items()}
     value = run_throughput(rec, _images_per_epoch(loaded))
@@ -608,23 +630,26 @@ def grade(
         before, after = (repeats + 1) // 2, repeats // 2
         baselines: list[float | None] = [_baseline(settings, work, baseline_root, i, log, rules_) for i in range(before)]
         log(f"running {script_path.name} on {settings.workers} workers (time budget {settings.time_budget_s:.0f} s)")
-        rec = runner.run_script(submission / "train.py", submission, workers=settings.workers,
+        rec = runner.run_untrusted(submission / "train.py", submission, workers=settings.workers,
                                 timeout=settings.time_budget_s, max_output_bytes=settings.max_output_bytes,
                                 max_memory_bytes=settings.max_memory_bytes, args=args, echo=echo, checkpoint_dir=ckpt,
                                 env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt),
                                      # Horovod's own account of the run: rank 0 records every collective
                                      "HOROVOD_TIMELINE": str(submission / TIMELINE_FILE)},
-                                sandbox=rules_)
+                                sandbox=rules_, stop_if=lone_rank0(settings.workers))
         measurements["run_s"] = round(rec.wall_s, 2)
         measurements["loopback_bytes"] = rec.loopback_bytes
-        baselines += [_baseline(settings, work, baseline_root, before + i, log, rules_) for i in range(after)]
+        if rec.stopped_early:  # no complete epoch: no throughput to measure against the baselines
+            log(rec.stopped_early)
+        else:
+            baselines += [_baseline(settings, work, baseline_root, before + i, log, rules_) for i in range(after)]
         if repeats >= 2 and agreeing_baselines(baselines, settings.baseline_tolerance) is None:
             log(f"the baselines disagree ({', '.join(f'{b:.1f}' for b in baselines if b)} images/s): "
                 "the machine's speed changed; measuring once more")
             baselines.append(_baseline(settings, work, baseline_root, len(baselines), log, rules_))
         measurements["baselines"] = [round(b, 2) for b in baselines if b]
         source = script_path.read_text(errors="replace")
-        criteria = _judge(rec, _checkpoints(ckpt), settings, train_root, holdout, measurements, log, source,
+        criteria = judge(rec, _checkpoints(ckpt), settings, train_root, holdout, measurements, log, source,
                           timeline_path=submission / TIMELINE_FILE)
     return GradeResult(name, settings, criteria, measurements, sandboxed=rec.sandboxed)
 
@@ -636,7 +661,7 @@ class SandboxUnavailable(RuntimeError):
 
 
 
-def _judge(
+def judge(
     rec: runner.RunRecord,
     ckpts: dict[tuple[int, int], Path],
     settings: Settings,
@@ -647,14 +672,29 @@ def _judge(
     source: str = "",
     timeline_path: Path | None = None,
 ) -> dict[str, Criterion]:
-    """The verdicts of a run. ``timeline_path``: the Horovod timeline the run was told to write
-    (None: none was recorded, and the gradients do not count as averaged by Horovod)."""
-    crit: dict[str, Criterion] = {}
+    """The verdicts of a run, criterion by criterion (each function below judges one and adds its
+    figures to ``m``). ``timeline_path``: the Horovod timeline the run was told to write (None:
+    none was recorded, and the gradients do not count as averaged by Horovod)."""
     n = settings.workers
-    failure = _run_failure(rec, settings)
-    uses_horovod = "horovod" in source
+    failure = run_failure(rec, settings)
+    crit: dict[str, Criterion] = {}
+    uses_horovod = re.search(r"^\s*(import|from)\s+horovod\b", source, re.MULTILINE) is not None
+    crit["workers"], complete = _judge_workers(rec, ckpts, settings, failure, uses_horovod, m)
+    loaded, nothing = _load_complete(ckpts, complete, n, failure)
+    usable = not nothing
+    crit["identical"], not_averaged = _judge_identical(rec, loaded, complete, settings, m, source, timeline_path,
+                                                       nothing)
+    crit["sharded"] = _judge_sharded(loaded, complete, n, train_root, not_averaged, nothing)
+    crit["accuracy"] = _judge_accuracy(loaded, complete, settings, holdout, m, log, source, nothing)
+    prerequisites = [c for c in ("workers", "identical", "sharded", "accuracy") if not crit[c].passed]
+    crit["throughput"] = _judge_throughput(rec, loaded if usable else None, settings, m, prerequisites)
+    return crit
 
-    # --- workers: a clean run, and a checkpoint from every rank for every epoch
+
+def _judge_workers(rec: runner.RunRecord, ckpts: dict[tuple[int, int], Path], settings: Settings, failure: str,
+                   uses_horovod: bool, m: dict[str, Any]) -> tuple[Criterion, list[int]]:
+    """A clean run, and a checkpoint from every rank for every epoch; also the complete epochs."""
+    n = settings.workers
     ranks = {r for r, _ in ckpts}
     epochs = sorted({e for _, e in ckpts})
     missing_ranks = sorted(set(range(n)) - ranks)
@@ -670,27 +710,32 @@ def _judge(
         else:
             why = ("every worker must save with its own hvd.rank() (did the script call hvd.init()? an "
                    "unconverted script runs 4 independent copies that all save as rank 0)")
-        crit["workers"] = Criterion("workers", POINTS["workers"], False,
-                                    f"no checkpoint from rank {', '.join(map(str, missing_ranks))} of {n}: {why}." + also)
+        verdict = Criterion("workers", POINTS["workers"], False,
+                            f"no checkpoint from rank {', '.join(map(str, missing_ranks))} of {n}: {why}." + also)
     elif failure:
-        crit["workers"] = Criterion("workers", POINTS["workers"], False, failure)
+        verdict = Criterion("workers", POINTS["workers"], False, failure)
     elif not ckpts:
-        crit["workers"] = Criterion("workers", POINTS["workers"], False,
-                                    "the run left no checkpoint: call save_checkpoint(..., rank, indices) on every "
-                                    "rank at the end of every epoch")
+        verdict = Criterion("workers", POINTS["workers"], False,
+                            "the run left no checkpoint: call save_checkpoint(..., rank, indices) on every "
+                            "rank at the end of every epoch")
     elif extra_ranks:
-        crit["workers"] = Criterion("workers", POINTS["workers"], False,
-                                    f"checkpoints from rank(s) {extra_ranks} that do not exist in a {n}-worker run")
+        verdict = Criterion("workers", POINTS["workers"], False,
+                            f"checkpoints from rank(s) {extra_ranks} that do not exist in a {n}-worker run")
     elif len(complete) != len(epochs) or epochs != list(range(1, len(epochs) + 1)):
         gaps = [e for e in range(1, max(epochs) + 1) if e not in complete]
-        crit["workers"] = Criterion("workers", POINTS["workers"], False,
-                                    f"epoch(s) {gaps} lack a checkpoint from some rank: every rank saves every epoch")
+        verdict = Criterion("workers", POINTS["workers"], False,
+                            f"epoch(s) {gaps} lack a checkpoint from some rank: every rank saves every epoch")
     else:
-        crit["workers"] = Criterion("workers", POINTS["workers"], True,
-                                    f"{n} workers ran {len(complete)} epochs in {rec.wall_s:.0f} s "
-                                    f"(budget {settings.time_budget_s:.0f} s), every rank saved every epoch")
+        verdict = Criterion("workers", POINTS["workers"], True,
+                            f"{n} workers ran {len(complete)} epochs in {rec.wall_s:.0f} s "
+                            f"(budget {settings.time_budget_s:.0f} s), every rank saved every epoch")
+    return verdict, complete
 
-    # load what there is: complete epochs only (ranks of one epoch compared with each other)
+
+def _load_complete(ckpts: dict[tuple[int, int], Path], complete: list[int], n: int,
+                   failure: str) -> tuple[dict[tuple[int, int], dict], str]:
+    """The checkpoints of the complete epochs (ranks of one epoch are compared with each other),
+    and why there is nothing to judge ("" when there is)."""
     loaded: dict[tuple[int, int], dict] = {}
     load_error = ""
     try:
@@ -701,12 +746,18 @@ def _judge(
         load_error = str(err)
     nothing = load_error or ("no epoch has a checkpoint from all "
                              f"{n} ranks, so there is nothing to compare" + (f" ({failure.splitlines()[0]})" if failure else ""))
-    usable = not load_error and bool(complete)
+    return loaded, ("" if not load_error and complete else nothing)
 
-    # --- identical weights, averaged by Horovod (its timeline) and sent over the network (the kernel)
+
+def _judge_identical(rec: runner.RunRecord, loaded: dict[tuple[int, int], dict], complete: list[int],
+                     settings: Settings, m: dict[str, Any], source: str, timeline_path: Path | None,
+                     nothing: str) -> tuple[Criterion, bool]:
+    """Identical weights, averaged by Horovod (its timeline) and sent over the network (the
+    kernel); also whether the gradients were NOT averaged (then the shards do not count)."""
+    n = settings.workers
     not_averaged = False
-    if not usable:
-        crit["identical"] = Criterion("identical", POINTS["identical"], False, nothing)
+    if nothing:
+        verdict = Criterion("identical", POINTS["identical"], False, nothing)
     else:
         worst = (0.0, "", 0, 0)
         for e in complete:
@@ -722,7 +773,7 @@ def _judge(
         by_horovod = horovod_averaging(timeline_path, weights, per_worker, len(complete), settings, source)
         m.update(by_horovod["measurements"])  # Horovod's own view (every mode)
         if worst[0] > IDENTICAL_TOL:
-            crit["identical"] = Criterion(
+            verdict = Criterion(
                 "identical", POINTS["identical"], False,
                 f"weights differ between rank 0 and rank {worst[2]} after epoch {worst[3]} (largest difference "
                 f"{worst[0]:.3g} in '{worst[1]}'): broadcast rank 0's parameters and optimizer state at the start "
@@ -731,23 +782,27 @@ def _judge(
         elif not (by_horovod["ok"] and averaged["ok"]):
             not_averaged = True
             failed = [v["message"] for v in (by_horovod, averaged) if not v["ok"]]
-            crit["identical"] = Criterion("identical", POINTS["identical"], False, ". Also: ".join(failed))
+            verdict = Criterion("identical", POINTS["identical"], False, ". Also: ".join(failed))
         else:
-            crit["identical"] = Criterion(
+            verdict = Criterion(
                 "identical", POINTS["identical"], True,
                 f"all {n} ranks hold the same trainable weights after each of {len(complete)} epochs (BatchNorm's "
                 "running statistics are buffers each rank computes from its own shard, so they are not compared); "
                 + by_horovod["message"] + "; " + averaged["message"])
+    return verdict, not_averaged
 
-    # --- sharded data
+
+def _judge_sharded(loaded: dict[tuple[int, int], dict], complete: list[int], n: int, train_root: Path,
+                   not_averaged: bool, nothing: str) -> Criterion:
+    """Disjoint shards that cover the training set in every epoch (counted only for averaged gradients)."""
     train_size = len(data.JPEGFolder(train_root, None, split="train"))
     padding = (-train_size) % n  # DistributedSampler repeats this many samples to even out the shards
-    if not usable:
-        crit["sharded"] = Criterion("sharded", POINTS["sharded"], False, nothing)
+    if nothing:
+        return Criterion("sharded", POINTS["sharded"], False, nothing)
     elif not_averaged:
-        crit["sharded"] = Criterion("sharded", POINTS["sharded"], False,
-                                    "not counted: shards make one model only when the ranks average their gradients, "
-                                    "and the grader did not see that (see 'identical')")
+        return Criterion("sharded", POINTS["sharded"], False,
+                         "not counted: shards make one model only when the ranks average their gradients, "
+                         "and the grader did not see that (see 'identical')")
     else:
         problem = ""
         for e in complete:
@@ -770,13 +825,16 @@ def _judge(
             set(loaded[(r, complete[0])]["indices"]) == set(loaded[(r, e)]["indices"]) for r in range(n) for e in complete)
         hint = (" Note: every rank trained on the same shard in every epoch: call sampler.set_epoch(epoch) at the "
                 "start of each epoch so that the shards are reshuffled" if same_every_epoch else "")
-        crit["sharded"] = Criterion("sharded", POINTS["sharded"], not problem, (problem or
-                                    f"disjoint shards covering all {train_size} training samples in each of "
-                                    f"{len(complete)} epochs") + hint)
+        return Criterion("sharded", POINTS["sharded"], not problem, (problem or
+                         f"disjoint shards covering all {train_size} training samples in each of "
+                         f"{len(complete)} epochs") + hint)
 
-    # --- accuracy on the grader's held-out set
-    if not usable:
-        crit["accuracy"] = Criterion("accuracy", POINTS["accuracy"], False, nothing)
+
+def _judge_accuracy(loaded: dict[tuple[int, int], dict], complete: list[int], settings: Settings, holdout: Path,
+                    m: dict[str, Any], log: Log, source: str, nothing: str) -> Criterion:
+    """Rank 0's weights on the grader's held-out set, reached and held for ``epochs_held`` epochs."""
+    if nothing:
+        return Criterion("accuracy", POINTS["accuracy"], False, nothing)
     else:
         accs: list[float] = []
         try:
@@ -784,7 +842,7 @@ def _judge(
                 accs.append(holdout_accuracy(loaded[(0, e)]["model"], holdout))
                 log(f"epoch {e}: the grader measured {accs[-1]:.1%} on its held-out set")
         except ValueError as err:
-            crit["accuracy"] = Criterion("accuracy", POINTS["accuracy"], False, str(err))
+            return Criterion("accuracy", POINTS["accuracy"], False, str(err))
         else:
             k = settings.epochs_held
             held = max((min(accs[i:i + k]) for i in range(len(accs) - k + 1)), default=None)
@@ -793,39 +851,44 @@ def _judge(
             m["accuracy_held"] = round(held, 4) if held is not None else None
             per_epoch = ", ".join(f"{a:.1%}" for a in accs)
             if held is None:
-                crit["accuracy"] = Criterion("accuracy", POINTS["accuracy"], False,
-                                             f"the grader measured {per_epoch} on its held-out set: it needs at least "
-                                             f"{k} epochs to see the accuracy held")
+                return Criterion("accuracy", POINTS["accuracy"], False,
+                                 f"the grader measured {per_epoch} on its held-out set: it needs at least "
+                                 f"{k} epochs to see the accuracy held")
             elif held >= settings.accuracy:
-                crit["accuracy"] = Criterion("accuracy", POINTS["accuracy"], True,
-                                             f"the grader measured {per_epoch} on its held-out set: {held:.1%} held "
-                                             f"for {k} epochs (A = {settings.accuracy:.0%})")
+                return Criterion("accuracy", POINTS["accuracy"], True,
+                                 f"the grader measured {per_epoch} on its held-out set: {held:.1%} held "
+                                 f"for {k} epochs (A = {settings.accuracy:.0%})")
             else:
                 hints = learning_rate_hints(source)
-                crit["accuracy"] = Criterion(
+                return Criterion(
                     "accuracy", POINTS["accuracy"], False,
                     f"the grader measured {per_epoch} on its held-out set; best held for {k} epochs: {held:.1%}, "
                     f"below A = {settings.accuracy:.0%}. Tune the learning rate (scaled by hvd.size() after a "
                     "warm-up), the per-worker batch size or the epochs; what the script prints is not used"
                     + "".join(f". Hint from reading your script (not a verdict): {h}" for h in hints))
 
-    # --- throughput against the ideal measured in this grading run
+
+def _judge_throughput(rec: runner.RunRecord, loaded: dict[tuple[int, int], dict] | None, settings: Settings,
+                      m: dict[str, Any], prerequisites: list[str]) -> Criterion:
+    """Images/s of the run (checkpoint times) against the ideal measured in this grading; ``loaded``
+    is None when there is nothing to judge."""
+    n = settings.workers
+    usable = loaded is not None
     images = _images_per_epoch(loaded) if usable else {}
     throughput = run_throughput(rec, images) if usable else None
     baselines = m.get("baselines") or []
     agreeing = agreeing_baselines(baselines, settings.baseline_tolerance) if len(baselines) >= 2 else baselines
     m["throughput"] = round(throughput, 2) if throughput else None
-    prerequisites = [c for c in ("workers", "identical", "sharded", "accuracy") if not crit[c].passed]
     if not baselines:
-        crit["throughput"] = Criterion("throughput", POINTS["throughput"], False,
-                                       "not measured: no single-worker baseline in this grading "
-                                       f"(baseline_repeats={settings.baseline_repeats}, or the starter failed)")
+        return Criterion("throughput", POINTS["throughput"], False,
+                         "not measured: no single-worker baseline in this grading "
+                         f"(baseline_repeats={settings.baseline_repeats}, or the starter failed)")
     elif throughput is None:
-        crit["throughput"] = Criterion("throughput", POINTS["throughput"], False,
-                                       "not measured: the run needs at least 2 complete epochs (the first is warm-up)")
+        return Criterion("throughput", POINTS["throughput"], False,
+                         "not measured: the run needs at least 2 complete epochs (the first is warm-up)")
     elif agreeing is None:
         m["noisy"] = True
-        crit["throughput"] = Criterion(
+        return Criterion(
             "throughput", POINTS["throughput"], False,
             f"machine too noisy to grade throughput: the single-worker baselines measured "
             f"{', '.join(f'{b:.1f}' for b in baselines)} images/s, more than {settings.baseline_tolerance:.0%} apart "
@@ -841,14 +904,13 @@ def _judge(
                    f"{len(baselines)}); "
                    f"E = {settings.efficiency:.2f}")
         if prerequisites:
-            crit["throughput"] = Criterion("throughput", POINTS["throughput"], False,
-                                           f"{figures}; not counted: the run failed {', '.join(prerequisites)} "
-                                           "(speed only counts for a run that trains correctly)")
+            return Criterion("throughput", POINTS["throughput"], False,
+                             f"{figures}; not counted: the run failed {', '.join(prerequisites)} "
+                             "(speed only counts for a run that trains correctly)")
         elif eff >= settings.efficiency:
-            crit["throughput"] = Criterion("throughput", POINTS["throughput"], True, figures)
+            return Criterion("throughput", POINTS["throughput"], True, figures)
         else:
-            crit["throughput"] = Criterion("throughput", POINTS["throughput"], False,
-                                           f"{figures}: too slow. Give each worker cores // workers threads, "
-                                           "wait for all-reduces patiently (hvdtools.patient_waits), use a larger "
-                                           "per-worker batch, and print/evaluate less often")
-    return crit
+            return Criterion("throughput", POINTS["throughput"], False,
+                             f"{figures}: too slow. Give each worker cores // workers threads, "
+                             "wait for all-reduces patiently (hvdtools.patient_waits), use a larger "
+                             "per-worker batch, and print/evaluate less often")

@@ -1,6 +1,6 @@
 """Run an untrusted training script with hard bounds, and watch its checkpoints from outside.
 
-:func:`run_script` starts ``python script`` (or ``horovodrun -np N -H localhost:N python script``)
+:func:`run_untrusted` starts ``python script`` (or ``horovodrun -np N -H localhost:N python script``)
 in its own session and guarantees, whatever the script does:
 
 - it is killed at ``timeout`` seconds (``timed_out``);
@@ -68,10 +68,17 @@ class RunRecord:
     sandboxed: bool = False
     #: bytes sent over the sandbox's own loopback (None: not sandboxed, or never seen)
     loopback_bytes: int | None = None
+    #: why the watcher's ``stop_if`` rule stopped the run before it ended ("" when it did not)
+    stopped_early: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out and not self.output_exceeded and not self.memory_exceeded
+        return (self.returncode == 0 and not self.timed_out and not self.output_exceeded and not self.memory_exceeded
+                and not self.stopped_early)
+
+
+#: ``rule(checkpoints_seen, elapsed_s) -> reason``: why to stop a run now ("" to let it go on).
+StopRule = Callable[[dict[tuple[int, int], float], float], str]
 
 
 def _python_env(extra: dict[str, str] | None, token: str) -> dict[str, str]:
@@ -161,7 +168,7 @@ def _scan(folder: Path | None, start: float, seen: dict[tuple[int, int], float])
             seen.setdefault((int(m.group(1)), int(m.group(2))), now)
 
 
-def run_script(
+def run_untrusted(
     script: str | os.PathLike,
     workdir: str | os.PathLike,
     *,
@@ -175,6 +182,7 @@ def run_script(
     log: Callable[[str], None] | None = None,
     max_memory_bytes: int | None = None,
     sandbox: dict[str, Sequence[str | os.PathLike]] | None = None,
+    stop_if: StopRule | None = None,
 ) -> RunRecord:
     """Run ``script`` in ``workdir`` (created) with the bounds above.
 
@@ -182,7 +190,9 @@ def run_script(
     ``horovodrun -np N -H localhost:N``. ``echo`` prints the output live (capped);
     ``log`` receives one line when the run ends. ``sandbox`` (``{"readable": [...], "hidden":
     [...]}``, see :func:`sandbox.command`) runs it in bubblewrap with ``workdir`` its only
-    writable folder; the script must then lie inside ``workdir``.
+    writable folder; the script must then lie inside ``workdir``. ``stop_if(checkpoints, elapsed)``
+    is asked on every poll with the checkpoints seen so far (``(rank, epoch) -> seconds``): a
+    non-empty answer stops the run at once and is kept as ``stopped_early``.
     """
     from multigpu import launch
     from multigpu.grading import sandbox as sb
@@ -191,7 +201,7 @@ def run_script(
     workdir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(Path(script).resolve()), *map(str, args)]
     if workers is not None:
-        command = [launch._bin("horovodrun"), "-np", str(workers), "-H", f"localhost:{workers}", *command]
+        command = [launch.executable("horovodrun"), "-np", str(workers), "-H", f"localhost:{workers}", *command]
     token = uuid.uuid4().hex
     if sandbox is not None:
         popen_env = sb.environment({**(env or {}), TOKEN_VAR: token})
@@ -232,6 +242,7 @@ def run_script(
     seen: dict[tuple[int, int], float] = {}
     known: set[int] = set()
     timed_out = memory_exceeded = False
+    stopped = ""
     peak = 0
     loopback: int | None = None
     try:
@@ -254,6 +265,10 @@ def run_script(
                 if sent is not None:
                     loopback = max(sent, loopback or 0)
             _scan(ckpt, start, seen)
+            if stop_if is not None:
+                stopped = stop_if(dict(seen), time.monotonic() - start) or ""
+                if stopped:
+                    break
             time.sleep(POLL_S)
     finally:
         _scan(ckpt, start, seen)
@@ -273,9 +288,10 @@ def run_script(
                            output_exceeded=state["exceeded"] and not timed_out, output_bytes=state["bytes"],
                            tail=text[-TAIL_BYTES:], checkpoint_times=dict(seen), epoch_times=epoch_times,
                            memory_exceeded=memory_exceeded, peak_memory_bytes=peak,
-                           sandboxed=sandbox is not None, loopback_bytes=loopback)
+                           sandboxed=sandbox is not None, loopback_bytes=loopback, stopped_early=stopped)
     if log is not None:
         how = ("timed out" if record.timed_out else "stopped: too much output" if record.output_exceeded
-               else "stopped: too much memory" if record.memory_exceeded else f"exit code {record.returncode}")
+               else "stopped: too much memory" if record.memory_exceeded
+               else "stopped early" if record.stopped_early else f"exit code {record.returncode}")
         log(f"{' '.join(command[:5])} ...: {how} after {wall:.1f} s")
     return record

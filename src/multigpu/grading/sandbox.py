@@ -30,6 +30,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from multigpu import layout
+
 #: HOME inside the sandbox (on its private /tmp).
 HOME = "/tmp/home"
 #: Variables of the grader's environment a submission may see (everything else is dropped).
@@ -86,7 +88,7 @@ def command(
     hide = [Path("/tmp"), home, *(Path(h).resolve() for h in hidden)]
     # what the submission needs to run, even where it lies under a hidden folder (pyenv in ~, the
     # course and its venv checked out in ~ or in /tmp): Python, the venv, the package
-    needed = [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(__file__).resolve().parents[2]]
+    needed = [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), layout.IMPORT_ROOT]
     needed += [Path(p).resolve() for p in readable]
     args = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     # GPU mode: the new /dev has no GPU; bind the NVIDIA device nodes back (written without a
@@ -124,7 +126,7 @@ def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
         "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
         "HOME": HOME,
         "TMPDIR": "/tmp",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "PYTHONPATH": str(layout.IMPORT_ROOT),
         "PYTHONUNBUFFERED": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
         "MULTIGPU_PLAIN_PROGRESS": "1",

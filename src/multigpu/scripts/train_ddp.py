@@ -7,8 +7,10 @@ Launch (every line that exists only for distribution carries a ``# DDP:`` commen
         -m multigpu.scripts.train_ddp                                   # two nodes
     python -m multigpu.scripts.train_ddp                                # one worker
 
-The command line is that of :mod:`multigpu.scripts.train_horovod` (see its docstring), with
-``--fp16-allreduce`` done by DDP's ``fp16_compress_hook`` and no ``--without``. What differs
+The command line is that of :mod:`multigpu.scripts.train_horovod` (see its docstring; the
+shared part lives in :mod:`multigpu.scripts.common`, so this script runs without Horovod
+installed), with ``--fp16-allreduce`` done by DDP's ``fp16_compress_hook``, no ``--without`` and
+``--out`` defaulting to ``runs/ddp``. What differs
 from Horovod: ``torchrun`` instead of ``horovodrun``; ``init_process_group`` instead of
 ``hvd.init``; wrapping the MODEL (``DistributedDataParallel``) instead of the optimizer; no
 explicit broadcast (DDP copies rank 0's weights when it wraps the model, and the optimizer
@@ -18,9 +20,8 @@ all-reduced in buckets (``bucket_cap_mb``, Horovod's fusion buffer) while backwa
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -28,15 +29,19 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-from multigpu import data, devices, models
-from multigpu import train as training
-from multigpu.scripts.train_horovod import checksum, parse_args
+from multigpu import data, devices, models, run_records, schedules
+from multigpu import training
+from multigpu.scripts import common
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = common.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/ddp")
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    if args.without:
-        raise SystemExit("--without is a Horovod-script option (Lab 3, part 2)")
     rank = int(os.environ.get("RANK", "0"))  # DDP: torchrun sets RANK, WORLD_SIZE, LOCAL_RANK
     size = int(os.environ.get("WORLD_SIZE", "1"))  # DDP:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # DDP:
@@ -47,14 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     devices.pin_worker(local_rank, local_size)  # DDP: CPU mode: each worker on its own core
     torch.manual_seed(args.seed + rank)  # DDP: each rank its own augmentation and dropout
 
-    if args.synthetic:
-        train_set = data.SyntheticImages(args.synthetic, models.default_image_size(args.model), seed=args.seed)
-        val_set = None
-    else:
-        root = args.data or data.ensure_dataset(
-            train_per_class=args.train_per_class, val_per_class=args.val_per_class, progress=rank == 0
-        )
-        train_set, val_set = data.load_datasets(root, image_size=models.default_image_size(args.model))
+    train_set, val_set = common.datasets(args, rank)
     sampler = DistributedSampler(train_set, num_replicas=size, rank=rank, shuffle=True, seed=args.seed)  # DDP:
     train_loader = data.make_loader(train_set, args.batch_size, sampler=sampler, seed=args.seed)
     val_loader = data.make_loader(val_set, 256) if val_set is not None else None
@@ -66,10 +64,10 @@ def main(argv: list[str] | None = None) -> dict:
 
         ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     optimizer = training.make_optimizer(model, args.base_lr)
-    schedule = training.scaled_lr_schedule(  # DDP: learning rate x size, with warm-up
+    schedule = schedules.linear_scaling_schedule(  # DDP: learning rate x size, with warm-up
         args.base_lr, args.batch_size * size, args.batch_size, args.warmup_epochs
     )
-    start_checksum = checksum(model)
+    start_checksum = common.checksum(model)
     local: dict[str, list[float]] = {}
 
     def average(value: float, name: str) -> float:  # DDP: mean over ranks
@@ -78,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
         dist.all_reduce(t)
         return float(t) / size
 
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    clock = run_records.RunClock()
     history = training.train(
         ddp_model, train_loader, val_loader,
         epochs=args.epochs, optimizer=optimizer, device=device, lr_schedule=schedule,
@@ -86,20 +84,18 @@ def main(argv: list[str] | None = None) -> dict:
         average=average, progress=not args.quiet, target_accuracy=args.target_accuracy,
         max_steps_per_epoch=args.max_steps,
     )
-    out = Path(args.out if args.out != "runs/horovod" else "runs/ddp")
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if rank == 0:  # DDP: one writer
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": args.epochs},
                    out / "checkpoint.pt")
     if args.record:
-        record = {
-            "rank": rank, "size": size, "local_rank": local_rank, "local_size": local_size,
+        run_records.write_record(out, rank, {
+            "size": size, "local_rank": local_rank, "local_size": local_size,
             "threads": torch.get_num_threads(), "device": str(device), "args": vars(args),
-            "start_checksum": start_checksum, "final_checksum": checksum(model), "train_size": len(train_set),
-            "local_metrics": local, "history": history, "cpu_s": time.process_time() - cpu0,
-            "wall_s": time.perf_counter() - wall0, "time": time.time(), "pid": os.getpid(),
-        }
-        (out / f"rank{rank}.json").write_text(json.dumps(record))
+            "start_checksum": start_checksum, "final_checksum": common.checksum(model), "train_size": len(train_set),
+            "local_metrics": local, "history": history,
+        }, clock)
     dist.destroy_process_group()  # DDP:
     return history
 

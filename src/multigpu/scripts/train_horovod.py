@@ -40,17 +40,15 @@ versions of them.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import time
 from pathlib import Path
 
 import horovod.torch as hvd  # Horovod: the PyTorch binding
 import torch
 from torch.utils.data import DistributedSampler
 
-from multigpu import data, devices, hvdtools, models
-from multigpu import train as training
+from multigpu import data, devices, hvdtools, models, run_records, schedules
+from multigpu import training
+from multigpu.scripts import common
 
 PIECES = ("optimizer", "broadcast", "sampler", "lr-scaling")
 
@@ -119,40 +117,15 @@ def save_checkpoint(model, optimizer, epoch: int, path) -> bool:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=training.REFERENCE.batch_size)
-    p.add_argument("--base-lr", type=float, default=training.REFERENCE.lr)
-    p.add_argument("--warmup-epochs", type=float, default=1.0)
-    p.add_argument("--data", default=None)
-    p.add_argument("--train-per-class", type=int, default=None)
-    p.add_argument("--val-per-class", type=int, default=None)
-    p.add_argument("--synthetic", type=int, default=0)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--model", default=training.REFERENCE.model)
-    p.add_argument("--target-accuracy", type=float, default=training.REFERENCE.target_accuracy)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--fp16-allreduce", action="store_true")
+    p = common.parser(__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/horovod")
-    p.add_argument("--record", action="store_true")
     p.add_argument("--without", nargs="*", default=[], choices=PIECES)
-    p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
-
-
-def checksum(model) -> float:
-    """Sum of all trainable weights in float64: equal on every rank when the ranks train as one model.
-
-    Buffers are left out: BatchNorm's running statistics are each rank's own (Horovod averages
-    gradients, not buffers), so they differ between ranks even when the weights are identical.
-    """
-    return float(sum(p.detach().double().sum() for p in model.parameters()))
 
 
 def _accept_set_to_none(optimizer) -> None:
     """Horovod 0.28's DistributedOptimizer.zero_grad() takes no ``set_to_none`` (torch's default is
-    already True): let :func:`multigpu.train.train` call it either way."""
+    already True): let :func:`multigpu.training.train` call it either way."""
     import inspect
 
     if "set_to_none" not in inspect.signature(optimizer.zero_grad).parameters:
@@ -167,14 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     devices.pin_worker(local_rank, hvd.local_size())  # Horovod: CPU mode: each worker on its own core
     torch.manual_seed(args.seed + rank)  # Horovod: each rank its own augmentation and dropout
 
-    if args.synthetic:
-        train_set = data.SyntheticImages(args.synthetic, models.default_image_size(args.model), seed=args.seed)
-        val_set = None
-    else:
-        root = args.data or data.ensure_dataset(
-            train_per_class=args.train_per_class, val_per_class=args.val_per_class, progress=rank == 0
-        )
-        train_set, val_set = data.load_datasets(root, image_size=models.default_image_size(args.model))
+    train_set, val_set = common.datasets(args, rank)
     if "sampler" in args.without:
         train_loader = data.make_loader(train_set, args.batch_size, shuffle=True, seed=args.seed + rank)
         sampler = None
@@ -187,14 +153,14 @@ def main(argv: list[str] | None = None) -> dict:
     model = models.build_model(args.model, num_classes=len(train_set.classes)).to(device)
     optimizer = training.make_optimizer(model, args.base_lr)
     if "lr-scaling" in args.without:
-        schedule = training.constant_lr(args.base_lr)
+        schedule = schedules.constant(args.base_lr)
     else:
         schedule = lr_schedule(args.base_lr, args.warmup_epochs)  # Horovod: step 4
     if "optimizer" not in args.without:
         optimizer = distribute_optimizer(optimizer, model, args.fp16_allreduce)  # Horovod: step 5
     if "broadcast" not in args.without:
         broadcast_state(model, optimizer)  # Horovod: step 6
-    start_checksum = checksum(model)
+    start_checksum = common.checksum(model)
     _accept_set_to_none(optimizer)
     if device.type == "cpu":
         hvdtools.patient_waits(optimizer)  # Horovod: CPU mode: wait for all-reduces without spinning
@@ -210,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
         if sampler is not None and args.record:
             shards.append([int(i) for i in sampler])  # the indices this rank trained on
 
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    clock = run_records.RunClock()
     history = training.train(
         model, train_loader, val_loader,
         epochs=args.epochs, optimizer=optimizer, device=device, lr_schedule=schedule,
@@ -222,16 +188,13 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     saved = save_checkpoint(model, optimizer, args.epochs, out / "checkpoint.pt")  # Horovod: step 8
     if args.record:  # facts for the checks: every rank writes its own record
-        record = {
-            "rank": rank, "size": size, "local_rank": local_rank, "local_size": hvd.local_size(),
+        run_records.write_record(out, rank, {
+            "size": size, "local_rank": local_rank, "local_size": hvd.local_size(),
             "threads": torch.get_num_threads(), "device": str(device), "args": vars(args),
-            "start_checksum": start_checksum, "final_checksum": checksum(model),
+            "start_checksum": start_checksum, "final_checksum": common.checksum(model),
             "train_size": len(train_set), "shards": shards, "local_metrics": local, "saved_checkpoint": saved,
             "lr_after_warmup": schedule(max(args.warmup_epochs, 0.0) + 1e-9), "history": history,
-            "cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - wall0,
-            "time": time.time(), "pid": os.getpid(),
-        }
-        (out / f"rank{rank}.json").write_text(json.dumps(record))
+        }, clock)
     return history
 
 

@@ -42,7 +42,7 @@ class TrainConfig:
 
     With these, one process on 2 cores reaches >= 90% validation accuracy in 3 epochs of the
     default data set (:func:`train_reference`). ``lr`` is the learning rate for ``batch_size``;
-    with a larger global batch, scale it linearly and warm up (:func:`scaled_lr_schedule`). The
+    with a larger global batch, scale it linearly and warm up (:func:`multigpu.schedules.linear_scaling_schedule`). The
     last ``decay_epochs`` epochs run at ``lr * decay_factor`` (:func:`reference_schedule`).
     """
 
@@ -65,11 +65,6 @@ class TrainConfig:
 REFERENCE = TrainConfig()
 
 
-def reference_setup() -> TrainConfig:
-    """The reference batch size, learning rate, momentum, weight decay and epochs (CPU default)."""
-    return REFERENCE
-
-
 def reference_schedule(
     lr: float | None = None, epochs: int | None = None, config: TrainConfig = REFERENCE
 ) -> Callable[[float], float]:
@@ -88,29 +83,6 @@ def make_optimizer(model: nn.Module, lr: float | None = None, config: TrainConfi
         momentum=config.momentum,
         weight_decay=config.weight_decay,
     )
-
-
-def constant_lr(lr: float) -> Callable[[float], float]:
-    """A schedule that always returns ``lr``."""
-    return lambda epoch: lr
-
-
-def scaled_lr_schedule(
-    base_lr: float, batch_size: int, base_batch_size: int = REFERENCE.batch_size, warmup_epochs: float = 0.0
-) -> Callable[[float], float]:
-    """Linear scaling with gradual warm-up (Goyal et al. 2017), as a function of fractional epoch.
-
-    Target ``lr = base_lr * batch_size / base_batch_size``. During the first ``warmup_epochs``
-    the rate grows linearly from ``base_lr`` to the target; after that it stays at the target.
-    """
-    target = base_lr * batch_size / base_batch_size
-
-    def schedule(epoch: float) -> float:
-        if warmup_epochs > 0 and epoch < warmup_epochs:
-            return base_lr + (target - base_lr) * epoch / warmup_epochs
-        return target
-
-    return schedule
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -164,7 +136,7 @@ def train(
     progress: bool = True,
     target_accuracy: float | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    warmup_steps: int = 3,
+    untimed_steps: int = 3,
     max_steps_per_epoch: int | None = None,
     verbose: bool = True,
     on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
@@ -212,7 +184,7 @@ def train(
         if set_epoch is not None:
             set_epoch(epoch)
         loss_meter, acc_meter = AverageMeter("loss"), AverageMeter("acc")
-        meter = ThroughputMeter(warmup_steps=min(warmup_steps, max(0, steps_per_epoch - 2)), device=device)
+        meter = ThroughputMeter(untimed_steps=min(untimed_steps, max(0, steps_per_epoch - 2)), device=device)
         batches: Iterable = train_loader
         bar = None
         if progress and is_root:

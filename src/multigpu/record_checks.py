@@ -1,7 +1,7 @@
 """Facts a correct data-parallel run must show, checked on the records of a ``--record`` run.
 
 Each rank of :mod:`multigpu.scripts.train_horovod` (or a learner's version of it) run with
-``--record`` writes ``rank<R>.json``; :func:`multigpu.hvdtools.read_records` loads them. The
+``--record`` writes ``rank<R>.json``; :func:`multigpu.run_records.read_records` loads them. The
 checks here compare the ranks and raise ``AssertionError`` with a message that says what is
 wrong and which step of the conversion to look at. They check facts, not code: any correct
 script passes them, whatever it looks like.

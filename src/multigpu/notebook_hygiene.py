@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from multigpu import layout
+
 KEEP_CELL_METADATA = ("nbgrader", "tags", "editable", "deletable")
-COURSE_FOLDERS = ("solutions", "notebooks", "assessments")
+COURSE_FOLDERS = (layout.SOLUTIONS, *layout.ASSIGNMENTS)
 
 
 def course_notebooks(root: Path) -> list[Path]:

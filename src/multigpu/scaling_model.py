@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -318,8 +318,3 @@ def scaling_widget(max_workers: int = 256) -> Any:
         w.observe(redraw, names="value")
     redraw()
     return W.VBox([W.HBox([model_w, link_w]), algo_w, W.HBox([batch_w, overlap_w]), nmax_w, out])
-
-
-def with_latency(link: Link | str, latency_s: float) -> Link:
-    """A copy of ``link`` with another latency (for what-if questions)."""
-    return replace(_link(link), latency_s=latency_s)

@@ -1,0 +1,65 @@
+"""multigpu.record_checks: each fact check passes on a correct run and fails, with advice, on a broken one."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from multigpu import record_checks
+
+
+def good_records(size: int = 2, n: int = 8) -> list[dict]:
+    """Records as a correct 2-epoch run with a 1-epoch warm-up writes them."""
+    recs = []
+    local_loss = [[1.0 + r, 0.5 + r] for r in range(size)]
+    mean = [sum(v[e] for v in local_loss) / size for e in range(2)]
+    for r in range(size):
+        recs.append({
+            "rank": r, "size": size, "local_rank": r, "local_size": size, "threads": 1, "device": "cpu",
+            "args": {"base_lr": 0.02, "warmup_epochs": 1.0, "epochs": 2, "batch_size": 4},
+            "start_checksum": 12.5, "final_checksum": -3.25, "train_size": n,
+            "shards": [list(range(r, n, size)), list(range(n - 1 - r, -1, -size))],
+            "local_metrics": {"train_loss": local_loss[r]},
+            "history": {"lr": [0.03, 0.02 * size], "train_loss": mean},
+            "saved_checkpoint": r == 0, "lr_after_warmup": 0.02 * size,
+        })
+    return recs
+
+
+def test_good_records_pass_every_check(tmp_path):
+    (tmp_path / "checkpoint.pt").write_bytes(b"x")
+    record_checks.check_all(good_records(), tmp_path, 2, cores=2)
+    record_checks.check_all(good_records(4, 12), tmp_path, 4, cores=2)
+
+
+@pytest.mark.parametrize(
+    "breakage, check, advice",
+    [
+        (lambda rs: rs[1].update(final_checksum=9.0), record_checks.check_same_weights, "DistributedOptimizer"),
+        (lambda rs: rs[1].update(start_checksum=1.0), record_checks.check_same_start, "broadcast"),
+        (lambda rs: rs[1].update(shards=rs[0]["shards"]), record_checks.check_disjoint_shards, "DistributedSampler"),
+        (lambda rs: [r.update(shards=[r["shards"][0], r["shards"][0]]) for r in rs], record_checks.check_disjoint_shards, "set_epoch"),
+        (lambda rs: [r.update(lr_after_warmup=0.02) for r in rs], record_checks.check_lr_after_warmup, "hvd.size()"),
+        (lambda rs: [r["history"].update(lr=[0.04, 0.04]) for r in rs], record_checks.check_lr_after_warmup, "warm-up"),
+        (lambda rs: rs[0]["history"].update(train_loss=[1.0, 0.5]), record_checks.check_metrics_averaged, "hvd.allreduce"),
+        (lambda rs: rs[1].update(threads=2), lambda rs: record_checks.check_threads(rs, 2), "set_num_threads"),
+        (lambda rs: rs[1].update(size=3), lambda rs: record_checks.check_world(rs, 2), "hvd.size()"),
+    ],
+)
+def test_broken_records_fail_with_advice(breakage, check, advice):
+    recs = copy.deepcopy(good_records())
+    breakage(recs)
+    with pytest.raises(AssertionError, match=advice.replace("(", r"\(").replace(")", r"\)")):
+        check(recs)
+
+
+def test_rank0_checkpoint(tmp_path):
+    recs = good_records()
+    with pytest.raises(AssertionError, match="no checkpoint"):
+        record_checks.check_rank0_checkpoint(recs, tmp_path)
+    (tmp_path / "checkpoint.pt").write_bytes(b"x")
+    record_checks.check_rank0_checkpoint(recs, tmp_path)
+    recs[1]["saved_checkpoint"] = True
+    with pytest.raises(AssertionError, match="only rank 0"):
+        record_checks.check_rank0_checkpoint(recs, tmp_path)

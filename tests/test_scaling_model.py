@@ -1,0 +1,101 @@
+"""multigpu.scaling_model: the scaling model's formulas, presets and published shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from multigpu import scaling_model
+
+
+def test_ring_time_is_latency_plus_bandwidth_term():
+    link = scaling_model.Link("test", latency_s=1e-3, bandwidth=1e9)
+    # 4 workers, 8 MB: 6 steps of 1 ms + 2*3/4 * 8e6 / 1e9 s
+    assert scaling_model.ring_allreduce_time(8e6, 4, link) == pytest.approx(6e-3 + 12e-3)
+    assert scaling_model.ring_allreduce_time(8e6, 1, link) == 0.0
+
+
+def test_ring_bandwidth_term_is_bounded_while_parameter_server_grows():
+    link = scaling_model.Link("no latency", 0.0, 1e9)
+    ring = [scaling_model.ring_allreduce_time(1e9, n, link) for n in (2, 16, 256)]
+    ps = [scaling_model.ps_time(1e9, n, link) for n in (2, 16, 256)]
+    assert all(t < 2.0 for t in ring) and ring == sorted(ring)
+    assert ps[2] / ps[0] == pytest.approx(255)
+
+
+def test_traffic_formulas():
+    assert scaling_model.ring_bytes_per_worker(100, 4) == pytest.approx(150)
+    assert scaling_model.ps_central_bytes(100, 4) == pytest.approx(600)
+    assert scaling_model.ps_central_bytes(100, 1) == 0
+
+
+def test_presets_have_the_documented_sizes():
+    assert set(scaling_model.LINKS) >= {"PCIe", "NVLink", "25GbE", "100GbE"}
+    assert scaling_model.LINKS["25GbE"].bandwidth == pytest.approx(25e9 / 8)
+    assert scaling_model.MODELS["AlexNet"].params == pytest.approx(61.1e6)
+    gru = scaling_model.MODELS["GRU-5x3000"]
+    assert 1.0e9 < gru.gradient_bytes < 1.2e9, "about 1 GB of parameters"
+    assert gru.flops_per_step == pytest.approx(1e12)
+
+
+def test_one_worker_is_fully_efficient_and_more_workers_are_not():
+    for name in scaling_model.MODELS:
+        effs = scaling_model.efficiency_curve(name, (1, 2, 8, 256))
+        assert effs[0] == pytest.approx(1.0)
+        assert all(0 < e <= 1.0 for e in effs)
+        assert effs == sorted(effs, reverse=True)
+
+
+def test_model_reproduces_the_published_shape():
+    """AlexNet falls far more from 8 to 256 GPUs than ResNet-152, near the published figures."""
+    alex = dict(zip((8, 256), scaling_model.efficiency_curve("AlexNet", (8, 256))))
+    res = dict(zip((8, 256), scaling_model.efficiency_curve("ResNet-152", (8, 256))))
+    for got, pub in ((alex, scaling_model.PUBLISHED["AlexNet"]), (res, scaling_model.PUBLISHED["ResNet-152"])):
+        for n in (8, 256):
+            assert got[n] == pytest.approx(pub[n], abs=0.08)
+    assert alex[8] - alex[256] > 2 * (res[8] - res[256])
+
+
+def test_parameter_server_scales_worse_than_ring():
+    for n in (4, 16, 64):
+        assert scaling_model.predict("ResNet-50", n, algorithm="ps").efficiency < scaling_model.predict("ResNet-50", n).efficiency
+
+
+def test_overlap_hides_communication():
+    plain = scaling_model.predict("AlexNet", 16)
+    hidden = scaling_model.predict("AlexNet", 16, overlap=1.0)
+    assert hidden.step_s < plain.step_s and hidden.efficiency > plain.efficiency
+    assert hidden.hidden_s == pytest.approx(min(plain.comm_s, plain.compute_s * 2 / 3))
+
+
+def test_shared_cores_cap_the_ideal():
+    p = scaling_model.predict("AlexNet", 4, compute_s=0.1, gradient_bytes=0, devices=2, link=scaling_model.Link("x", 0, 1e9))
+    assert p.compute_s == pytest.approx(0.2)
+    assert p.efficiency == pytest.approx(1.0), "4 workers on 2 cores with free communication reach the ideal of 2x"
+
+
+def test_fit_link_recovers_latency_and_bandwidth():
+    true = scaling_model.Link("t", 2e-4, 5e8)
+    rows = [
+        {"workers": n, "nbytes": b, "ring_s": scaling_model.ring_allreduce_time(b, n, true)}
+        for n in (2, 3, 4)
+        for b in (4e4, 4e6, 1.6e7)
+    ]
+    fit = scaling_model.fit_link(rows)
+    assert fit.latency_s == pytest.approx(2e-4, rel=1e-3)
+    assert fit.bandwidth == pytest.approx(5e8, rel=1e-3)
+
+
+def test_unknown_names_are_rejected():
+    with pytest.raises(ValueError):
+        scaling_model.predict("VGG", 2)
+    with pytest.raises(ValueError):
+        scaling_model.comm_time(1, 2, "PCIe", algorithm="tree")
+
+
+def test_widget_builds():
+    pytest.importorskip("ipywidgets")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    w = scaling_model.scaling_widget(max_workers=16)
+    assert len(w.children) == 5
