@@ -469,14 +469,17 @@ def test_an_accuracy_fail_names_an_unscaled_or_unwarmed_learning_rate():
 
 def test_a_run_where_only_rank_0_ever_saves_is_stopped_after_a_grace():
     """An unconverted script (4 copies, all 'rank 0') can never earn a point: the grader stops it
-    once rank 0 saved 2 epochs and no other rank followed within the grace; a real run, or one
-    that saves every rank's checkpoints in a burst, is never stopped."""
-    rule = grader.lone_rank0(4, grace_s=15.0)
-    alone = {(0, 1): 10.0, (0, 2): 20.0}
-    assert rule(alone, 34.9) == ""  # within the grace
-    assert "stopped early" in rule(alone, 35.0) and "no other rank" in rule(alone, 35.0)
-    assert rule({**alone, (3, 1): 34.0}, 60.0) == ""  # another rank saved: a real (if slow) run
-    assert rule({(0, 1): 10.0}, 600.0) == ""  # one epoch is not yet evidence
+    once rank 0 saved epoch 1 and no other rank followed within the grace (20 s, or a quarter of
+    the time rank 0 took); a real run, or one that saves every rank's checkpoints in a burst, is
+    never stopped."""
+    rule = grader.lone_rank0(4, grace_s=20.0)
+    alone = {(0, 1): 40.0}
+    assert rule(alone, 59.9) == ""  # within the grace
+    assert "stopped early" in rule(alone, 60.0) and "no other rank" in rule(alone, 60.0)
+    slow = {(0, 1): 200.0}  # rank 0 took 200 s to its first checkpoint: the grace is 50 s
+    assert rule(slow, 249.0) == "" and "stopped early" in rule(slow, 250.0)
+    assert rule({**alone, (3, 1): 59.0}, 600.0) == ""  # another rank saved: a real (if slow) run
+    assert rule({}, 600.0) == ""  # nothing saved yet: the time budget decides
     assert grader.lone_rank0(1)(alone, 600.0) == ""  # a one-worker grading has only rank 0
-    rec = runner.RunRecord(command=["x"], returncode=-9, wall_s=35.0, stopped_early=rule(alone, 35.0))
+    rec = runner.RunRecord(command=["x"], returncode=-9, wall_s=60.0, stopped_early=rule(alone, 60.0))
     assert not rec.ok and grader.run_failure(rec, BROKEN_SETTINGS).startswith("stopped early")

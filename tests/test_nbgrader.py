@@ -164,7 +164,7 @@ def test_autograde_keeps_the_learners_training_script(graded_course):
 
 @pytest.mark.slow
 def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_course, tmp_path):
-    from multigpu.grading import certificates
+    from multigpu.grading import certificates, rules
 
     course, assignments, logs = graded_course
     assert "assessments" in assignments, "the course has no assessment notebook"
@@ -173,10 +173,11 @@ def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_co
     # ... and the official grading of the unconverted train.py replaced those points
     assert scores(course, "assessments", BLANK)["assessment"][0] == 0, logs["assessments"][-3000:]
     # the unconverted starter (4 copies that all save as rank 0) was stopped early (or crashed on
-    # their shared file names), not run for most of the time budget (about 260 s of 300 before)
+    # their shared file names), not run for most of the time budget (about 260 s of 300 before;
+    # its first checkpoint appears after about 85 s on 2 cores)
     blank = logs["official"][BLANK]
     assert "hvd.init()" in blank.criteria["workers"].message, blank.criteria["workers"].message
-    assert blank.measurements["run_s"] < 120, blank.criteria["workers"].message
+    assert blank.measurements["run_s"] < 0.5 * rules.QUICK.time_budget_s, blank.criteria["workers"].message
     assert (course / "grading/autograded" / BLANK / "assessments" / "grading-result.json").exists()
     key = certificates.load_private_key(certificates.keygen(tmp_path / "key")[0])
     decisions = {d.student: d for d in certificates.certify(

@@ -485,23 +485,28 @@ def learning_rate_hints(source: str) -> list[str]:
     return hints
 
 
-#: Seconds a run goes on after rank 0 saved its 2nd epoch while no other rank has saved anything
-#: (see :func:`lone_rank0`): the ranks of a data-parallel run save within a step of each other,
-#: and a script that saves every rank's checkpoints in one burst at the end does so within a second.
-LONE_RANK0_GRACE_S = 15.0
+#: The least time a run goes on after rank 0's first checkpoint while no other rank has saved one
+#: (see :func:`lone_rank0`); the grace is also at least a quarter of the time rank 0 took to get
+#: there. The ranks of a data-parallel run finish an epoch within a step of each other, and a
+#: script that saves every rank's checkpoints in one burst at the end does so within a second.
+LONE_RANK0_GRACE_S = 20.0
 
 
 def lone_rank0(workers: int, grace_s: float = LONE_RANK0_GRACE_S) -> runner.StopRule:
     """A stop rule for :func:`runner.run_untrusted`: stop a run in which only rank 0 ever saved,
-    ``grace_s`` after its 2nd epoch's checkpoint. Such a run cannot earn a point (every criterion
-    needs every rank's checkpoints of an epoch), and an unconverted script (4 copies of one
-    worker, each on all the data) would otherwise run for the whole time budget."""
+    once the grace after its first checkpoint has passed. Such a run cannot earn a point (every
+    criterion needs every rank's checkpoints of an epoch), and an unconverted script (4 copies of
+    one worker, each on all the data, all saving as rank 0) would otherwise run for most of the
+    time budget."""
     def rule(seen: dict[tuple[int, int], float], elapsed: float) -> str:
-        second = seen.get((0, 2))
-        if workers < 2 or second is None or elapsed - second < grace_s or any(r != 0 for r, _ in seen):
+        first = seen.get((0, 1))
+        if workers < 2 or first is None or any(r != 0 for r, _ in seen):
             return ""
-        return (f"stopped early, {elapsed:.0f} s into the run: rank 0 saved 2 epochs and {grace_s:.0f} s later no "
-                "other rank had saved a checkpoint, so the run could not earn a point")
+        grace = max(grace_s, 0.25 * first)
+        if elapsed - first < grace:
+            return ""
+        return (f"stopped early, {elapsed:.0f} s into the run: rank 0 saved epoch 1 and {grace:.0f} s later no other "
+                "rank had saved a checkpoint, so the run could not earn a point")
     return rule
 
 
