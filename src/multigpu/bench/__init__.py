@@ -1,0 +1,158 @@
+"""``make bench``: the course's performance figures on this machine, each against its target.
+
+    multigpu bench [--quick] [--only SECTION ...] [--out bench/]
+
+Sections, run in this order (``--only`` picks some):
+
+- ``pipeline``: images/s of the JPEG read + decode + augment pipeline with the default
+  DataLoader settings, against the read + decode bound (Pillow alone on the same files, in as
+  many processes as the loader uses). Target: ratio >= 0.9.
+- ``scaling``: aggregate images/s of the reference Horovod script and of the DDP script on 1, 2
+  and 4 workers (synthetic in-memory data: compute and communication, no JPEG I/O), their
+  efficiency against ``devices.ideal_factor(N)`` x one worker of the same launcher with one
+  thread, and the time of one all-reduce of AlexNet-small's gradient with Horovod and with raw
+  ``torch.distributed`` (Gloo). Targets: Horovod efficiency >= 0.85 at 2 workers and >= 0.80 at
+  4; Horovod >= DDP at 2 and 4 workers; Horovod's all-reduce <= 1.10 x raw Gloo.
+- ``levers``: Horovod's CPU levers (:data:`LEVERS`) one at a time at 2 and 4 workers, each
+  against the one-thread ideal and pinned DDP of the same repeat, and the cores' own ceiling
+  (two one-thread workers that never communicate). Targets on the course default as above.
+- ``course``: wall time of every solution notebook run top to bottom (papermill, default
+  parameters; ``--quick``: quick parameters, labelled so) and their sum. One run each (n=1).
+  Targets: whole course < 15 min, no notebook > 6 min.
+- ``grading``: wall time to grade the reference assessment solution end to end, and the
+  projected time of a 30-learner workshop graded one submission after another. Targets: one
+  submission <= 3 min (median of 5), the workshop <= 1.5 h. Repeats stop early rather than push
+  the run past its time budget.
+
+Method: every figure is the median over repeats with its min-max spread; every comparison is
+measured side by side in one run, interleaved (A, B, A, B, ...), because this machine's speed
+drifts by a factor of several within minutes. A ratio's samples are the ratios of the pairs
+measured next to each other. Targets are goals: a figure that misses one reads "NOT met" and
+the run still exits 0. Only a measurement that crashes makes it exit 1 (the results of every
+other section are still written).
+
+The package: :mod:`~multigpu.bench.report` (the framework), one module per group of sections
+(:mod:`~multigpu.bench.pipeline`, :mod:`~multigpu.bench.scaling`, :mod:`~multigpu.bench.course`)
+and, here, the run.
+
+Writes ``OUT/results.json`` (machine, every sample, every figure) and ``OUT/results.md`` (the
+same as tables), after each section, so an interrupted run leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .report import (  # noqa: F401 - the bench's names, importable as multigpu.bench.X
+    ALLREDUCE_WARMUP,
+    CELL_TIMEOUT_S,
+    DEFAULT,
+    QUICK,
+    REPO,
+    SECTION_NAMES,
+    WORKSHOP_LEARNERS,
+    environ,
+    Figure,
+    figure_row,
+    first_line,
+    fmt,
+    interleave,
+    machine,
+    machine_markdown,
+    paired,
+    Plan,
+    range_text,
+    report_markdown,
+    Section,
+    section_markdown,
+    Spread,
+    spread,
+    steps,
+    Steps,
+    Target,
+    write_results,
+)
+from .pipeline import (  # noqa: F401 - the bench's names, importable as multigpu.bench.X
+    bench_pipeline,
+    decode_files,
+    DecodeBound,
+)
+from .scaling import (  # noqa: F401 - the bench's names, importable as multigpu.bench.X
+    CONCURRENT,
+    LEVER_WORKERS,
+    LEVERS,
+    bench_levers,
+    bench_scaling,
+)
+from .course import (  # noqa: F401 - the bench's names, importable as multigpu.bench.X
+    bench_course,
+    bench_grading,
+    run_notebook,
+    solution_notebooks,
+)
+
+# --------------------------------------------------------------------------- the run
+
+#: Each section gets the plan and the run's deadline (``time.monotonic()`` seconds) and returns its
+#: figures; an exception is recorded as the section's error.
+SECTIONS: dict[str, Callable[[Plan, float], Section]] = {
+    "pipeline": bench_pipeline,
+    "scaling": bench_scaling,
+    "levers": bench_levers,
+    "course": bench_course,
+    "grading": bench_grading,
+}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="multigpu bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="few repeats, quick notebook parameters (~2-3 minutes)")
+    p.add_argument("--only", nargs="+", choices=SECTION_NAMES, metavar="SECTION",
+                   help=f"run only these sections ({', '.join(SECTION_NAMES)})")
+    p.add_argument("--out", type=Path, default=Path("bench"), help="folder for results.json and results.md")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the selected sections; 1 when a measurement crashed, 0 otherwise (targets met or not)."""
+    args = parse_args(argv)
+    plan = QUICK if args.quick else DEFAULT
+    names = [n for n in SECTION_NAMES if not args.only or n in args.only]
+    start = time.monotonic()
+    deadline = start + plan.budget_s
+    report: dict[str, Any] = {
+        "command": " ".join(["multigpu bench", *(argv if argv is not None else sys.argv[1:])]),
+        "quick": plan.quick, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "duration_s": 0.0, "machine": machine(), "plan": asdict(plan),
+    }
+    print(machine_markdown(report["machine"]), flush=True)
+    sections: list[Section] = []
+    for name in names:
+        print(f"\n== {name} ==", flush=True)
+        t0 = time.monotonic()
+        try:
+            section = SECTIONS[name](plan, deadline)
+        except Exception as exc:  # noqa: BLE001 - one crashed section must not lose the others' figures
+            traceback.print_exc()
+            section = Section(name, name, status="error", error=first_line(exc))
+        section.seconds = time.monotonic() - t0
+        sections.append(section)
+        report["duration_s"] = time.monotonic() - start
+        json_path, md_path = write_results(args.out, report, sections)
+        print(section_markdown(section), flush=True)
+    print(f"results: {json_path} and {md_path} ({fmt(report['duration_s'], 's')})")
+    errors = [s.name for s in sections if s.status == "error"]
+    if errors:
+        print(f"measurement(s) crashed in: {', '.join(errors)}", file=sys.stderr)
+    return 1 if errors else 0
+
+

@@ -1,0 +1,97 @@
+"""Section 1: the input pipeline against its read + decode bound."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .report import Figure, Plan, Section, Target, fmt, interleave, steps
+
+
+# --------------------------------------------------------------------------- 1. input pipeline
+
+
+def decode_files(paths: Sequence[str]) -> int:
+    """Read and decode each file with Pillow, nothing else (the bound's work, also in a pool)."""
+    from multigpu import data
+
+    for path in paths:
+        with open(path, "rb") as f:
+            data.decode(f.read())
+    return len(paths)
+
+
+class DecodeBound:
+    """Read + decode ``paths`` as fast as Pillow can in ``processes`` processes (0: this one).
+
+    A context manager: the pool starts on entry, so its start-up is never timed (as with a
+    loader's persistent workers). Each process decodes an equal share of the files.
+    """
+
+    def __init__(self, paths: Sequence[str], processes: int) -> None:
+        self.paths, self.processes = list(paths), processes
+        self.pool: Any = None
+
+    def __enter__(self) -> DecodeBound:
+        if self.processes > 0:
+            self.pool = multiprocessing.get_context("spawn").Pool(self.processes)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+    def images_per_s(self) -> float:
+        """Read and decode every file once; images per second over all processes."""
+        t0 = time.perf_counter()
+        if self.pool is None:
+            n = decode_files(self.paths)
+        else:
+            n = sum(self.pool.map(decode_files, [self.paths[i :: self.processes] for i in range(self.processes)]))
+        return n / (time.perf_counter() - t0)
+
+
+def bench_pipeline(plan: Plan, deadline: float) -> Section:
+    """Section 1: the default input pipeline against the read + decode bound, interleaved."""
+    from multigpu import data, profiling
+    from multigpu import training
+
+    section = Section("pipeline", "Input pipeline: JPEG read + decode + augment vs read + decode alone")
+    root = data.ensure_dataset()
+    dataset = data.JPEGFolder(root, data.train_transform(training.REFERENCE.image_size), split="train")
+    loader = data.make_loader(dataset, training.REFERENCE.batch_size)  # every other setting at its default
+    warmup = 1
+    batches = itertools.islice(iter(loader.batch_sampler), warmup, warmup + plan.pipeline_batches)
+    paths = [dataset.samples[i][0] for batch in batches for i in batch]  # exactly the files a timed run loads
+    workers = loader.num_workers
+    section.notes += [
+        f"`data.make_loader` defaults: batch size {loader.batch_size} (the reference), {workers} loader worker "
+        f"process(es); {len(paths)} images of the generated set per run after {warmup} warm-up batch.",
+        f"Bound: the same files read and decoded by Pillow in a tight loop in "
+        f"{f'{workers} processes' if workers else 'the main process'} (as many as the loader uses), no augmentation.",
+        "One untimed round of each first (page cache, start-up).",
+    ]
+    rates: dict[str, list[float]] = {"loader": [], "bound": []}
+    order = interleave(list(rates), plan.pipeline_repeats)
+    with DecodeBound(paths, workers) as bound, steps("pipeline", len(order)) as log:
+        measure: dict[str, Callable[[], float]] = {
+            "loader": lambda: profiling.loader_images_per_s(loader, batches=plan.pipeline_batches, warmup=warmup),
+            "bound": bound.images_per_s,
+        }
+        for run in measure.values():
+            run()
+        for r, name in order:
+            rates[name].append(measure[name]())
+            log.finished(f"{name}, repeat {r + 1}/{plan.pipeline_repeats}: {fmt(rates[name][-1], 'images/s')}")
+    section.figures = [
+        Figure("read + decode + augment (default DataLoader)", "images/s", rates["loader"]),
+        Figure("read + decode bound (Pillow alone)", "images/s", rates["bound"]),
+        Figure("pipeline / bound", "ratio", [a / b for a, b in zip(rates["loader"], rates["bound"])], Target(">=", 0.9)),
+    ]
+    return section
+
+
