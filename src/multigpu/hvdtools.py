@@ -165,12 +165,7 @@ def run_script(
         module = REFERENCE_MODULE
     argv = [*_command(script, module), *map(str, args), "--record", "--out", str(out)]
     if launcher == "horovodrun":
-        result = launch.horovodrun(argv, np, timeout=timeout, env=env, echo=echo, check=False)
-        if result.returncodes[0] != 0:
-            raise launch.WorkerError(
-                f"horovodrun -np {np} failed (exit code {result.returncodes[0]}). "
-                + launch.worker_errors(result.output)
-            )
+        launch.horovodrun(argv, np, timeout=timeout, env=env, echo=echo)
     elif launcher == "torchrun":
         launch.torchrun(argv[1:], np, timeout=timeout, env=env, echo=echo)
     elif launcher == "python":

@@ -347,13 +347,14 @@ def run_command(
                             stdin=subprocess.DEVNULL, start_new_session=True)
     result = supervise([proc], [label], timeout, echo, what)
     if check and result.returncodes[0] != 0:
-        raise WorkerError(exit_message(what, result.returncodes[0], result.output[-30:]))
+        raise WorkerError(exit_message(what, result.returncodes[0], result.output))
     return result
 
 
 def exit_message(what: str, code: int | None, output: Sequence[str]) -> str:
-    """The one wording of "a process failed": what, its exit code, the lines it left."""
-    return f"{what} exited with code {code}. Last output:\n" + "\n".join(output)
+    """The one wording of "a process failed": what, its exit code, and the failing worker's
+    traceback when horovodrun's output holds one (:func:`worker_errors`), else the last lines."""
+    return f"{what} exited with code {code}. " + worker_errors(output, limit=30)
 
 
 def run_horovod(
@@ -383,7 +384,7 @@ def run_horovod(
         )
         values = _read_values(outdir, np, [f"rank {r}" for r in range(np)], result, f"horovodrun -np {np}")
         if result.returncodes[0] != 0:
-            raise WorkerError(exit_message(f"horovodrun -np {np}", result.returncodes[0], result.output[-30:]))
+            raise WorkerError(exit_message(f"horovodrun -np {np}", result.returncodes[0], result.output))
         return values
 
 

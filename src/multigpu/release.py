@@ -145,10 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--collect", type=Path, metavar="PATH", help="folder or zip of STUDENT/ASSIGNMENT/...")
     group.add_argument("--assignments", action="store_true", help="print the assignments that have notebooks")
     args = parser.parse_args(argv)
-    os.chdir(REPO)
     if args.assignments:
         print(*present_assignments())
         return 0
+    os.chdir(REPO)
     if args.check:
         problems = differences()
         for p in problems:
