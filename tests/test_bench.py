@@ -149,7 +149,7 @@ def test_quick_bench_measures_pipeline_and_scaling(repo, tmp_path):
         assert f["min"] <= f["median"] <= f["max"], f
     ratios = [f for f in figures.values() if f["unit"] == "ratio"]
     assert {"pipeline / bound", "Horovod efficiency, 2 workers", "Horovod / DDP images/s, 4 workers",
-            "Horovod / Gloo all-reduce time, 2 workers"} <= {f["name"] for f in ratios}
+            "Horovod / raw MPI all-reduce time, 2 workers"} <= {f["name"] for f in ratios}
     for f in ratios:
         assert all(math.isfinite(x) and x > 0 for x in f["samples"]), f
     assert figures["pipeline / bound"]["target"] == {"op": ">=", "value": 0.9}

@@ -11,6 +11,8 @@ import yaml
 
 from conftest import REPO, VENV_BIN
 
+from multigpu import launch
+
 
 def pins_pyproject() -> dict[str, str]:
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
@@ -45,9 +47,10 @@ def test_installed_versions_match_the_pins():
     assert sys.version_info[:2] == (3, 11)
 
 
-def test_horovod_is_built_with_pytorch_and_gloo():
+def test_horovod_is_built_with_pytorch_mpi_and_gloo():
     out = subprocess.run([str(VENV_BIN / "horovodrun"), "--check-build"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert re.search(r"\[X\] PyTorch", out.stdout), out.stdout
-    assert re.search(r"\[X\] Gloo", out.stdout), out.stdout
+    for need in ("PyTorch", "MPI", "Gloo"):
+        assert re.search(rf"\[X\] {need}", out.stdout), out.stdout
+    assert launch.horovod_controller() == "mpi"  # the course's default: MPI's shared memory on one machine
 

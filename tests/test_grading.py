@@ -20,7 +20,7 @@ import psutil
 import pytest
 import torch
 
-from multigpu.grading import grader, rules, runner, sandbox, variants
+from multigpu.grading import grader, rules, runner, variants
 
 QUICK = rules.QUICK
 BROKEN_SETTINGS = QUICK.replace(workers=2, baseline_repeats=0, time_budget_s=150.0)
@@ -186,9 +186,6 @@ def test_each_broken_variant_fails_with_the_right_message(name, criterion, words
         assert result.measurements["max_weight_difference"] <= grader.IDENTICAL_TOL
         assert result.measurements["horovod_timeline_bytes"] is None  # hvd.init() never ran: no timeline
         assert "not counted" in result.criteria["sharded"].message
-        if result.sandboxed:  # the kernel saw DDP's all-reduces: the loopback check alone passes it
-            assert result.measurements["gradient_allreduces_per_epoch"] >= rules.MIN_ALLREDUCES_PER_EPOCH
-            assert "Also:" not in c.message, c.message
 
 
 def test_a_crash_on_one_rank_is_graded_with_its_traceback(tmp_path):
@@ -227,10 +224,6 @@ def test_identical_weights_on_the_scripts_word_do_not_count_without_averaged_gra
     assert result.measurements["horovod_timeline_bytes"] > 0
     assert result.measurements["horovod_gradient_rounds_per_epoch"] == 0
     assert not result.ok("sharded") and "not counted" in result.criteria["sharded"].message
-    if not result.sandboxed:
-        pytest.skip(f"the gradient traffic is counted in the sandbox only: {sandbox.unavailable()}")
-    assert "Also: the workers sent each other" in c.message, c.message  # the kernel's view agrees
-    assert result.measurements["gradient_allreduces_per_epoch"] < rules.MIN_ALLREDUCES_PER_EPOCH
 
 
 def test_saving_on_rank_0_only_gets_its_own_message(tmp_path):

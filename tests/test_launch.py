@@ -96,19 +96,20 @@ SCRIPT = """
 import horovod.torch as hvd, torch
 hvd.init()
 total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum, name="total")
-print(f"RESULT rank={hvd.rank()} size={hvd.size()} total={total.item():.0f}")
+print("RESULT", f"rank={hvd.rank()}", f"size={hvd.size()}", f"total={total.item():.0f}", f"mpi={hvd.mpi_enabled()}")
 """
 
 
-@pytest.mark.parametrize("np", [2, 4])
-def test_horovodrun_job_all_reduces_across_workers(tmp_path, np):
+@pytest.mark.parametrize("np,controller", [(2, "--mpi"), (4, "--mpi"), (2, "--gloo")])
+def test_horovodrun_job_all_reduces_across_workers(tmp_path, np, controller):
     script = tmp_path / "allreduce.py"
-    script.write_text(SCRIPT)
-    result = launch.horovodrun([sys.executable, str(script)], np, timeout=180, echo=False)
+    script.write_text(SCRIPT)  # a plain script: its print() is several writes, yet every line comes out whole
+    result = launch.horovodrun([sys.executable, str(script)], np, timeout=180, echo=False, horovod_args=[controller])
     lines = [line for line in result.output if "RESULT" in line]
     expected = np * (np + 1) // 2
     assert len(lines) == np, result.text
-    assert all(f"size={np} total={expected}" in line for line in lines), lines
+    assert all(line.count("RESULT") == 1 and line.endswith(f"size={np} total={expected} mpi={controller == '--mpi'}")
+               for line in lines), lines
 
 
 def hvd_rank_and_mean():
@@ -153,3 +154,19 @@ def test_worker_errors_picks_the_failing_ranks_traceback():
     assert msg.startswith("Rank 1 failed with: NotImplementedError")
     assert "average_metric" in msg and "Horovod detected" not in msg
     assert "Last output" in launch.worker_errors(["plain line"])
+
+
+def test_worker_errors_reads_mpichs_rank_labels():
+    output = [  # horovodrun over MPICH: one "[R] " label per line, stdout and stderr alike
+        "[0] epoch 1/1",
+        "[1] Traceback (most recent call last):",
+        '[1]   File "train.py", line 3, in average_metric',
+        "[1] NotImplementedError",
+        "[0] Traceback (most recent call last):",
+        "[0] RuntimeError: Horovod has been shut down",
+        "===================================================================================",
+        "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES",
+    ]
+    msg = launch.worker_errors(output)
+    assert msg.startswith("Rank 1 failed with: NotImplementedError")
+    assert "average_metric" in msg and "shut down" not in msg and "BAD TERMINATION" not in msg

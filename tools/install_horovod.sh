@@ -5,7 +5,8 @@
 #
 # The built wheel is cached outside the repo, keyed by Horovod, torch, Python, build flavour (cpu or
 # cuda) and the patch's hash, so a second setup only installs the cached wheel and a changed patch
-# rebuilds. CPU/Gloo build by default;
+# rebuilds. CPU operations over MPI (the venv's MPICH, from the `mpich` package: shared memory
+# between workers, what a plain `horovodrun` uses) and Gloo (`horovodrun --gloo`, `horovod.run`);
 # NCCL GPU operations are added when torch has CUDA and nvcc is on PATH.
 # Environment: MULTIGPU_CACHE (default ~/.cache/multigpu), HOROVOD_REBUILD=1 to ignore the cache.
 set -euo pipefail
@@ -15,7 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 patch_file="$here/horovod-$HOROVOD_VERSION.patch"
 py=${1:-.venv/bin/python}
 [ -x "$py" ] || { echo "install_horovod: no Python at $py (run 'make setup')" >&2; exit 1; }
-venv_bin=$(dirname "$py")
+venv_bin=$(cd "$(dirname "$py")" && pwd)  # absolute: cmake runs in its own build folder
 
 say() { printf '[horovod] %s\n' "$*"; }
 fail() {
@@ -40,7 +41,7 @@ print(torch.__version__.split("+")[0], torch.version.cuda or "none", f"cp{sys.ve
 flavour=cpu
 if [ "$cuda_version" != none ] && command -v nvcc >/dev/null 2>&1; then flavour=cuda; fi
 patch_hash=$(sha256sum "$patch_file" | cut -c1-8)
-cache=${MULTIGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/multigpu}/wheels/horovod-$HOROVOD_VERSION-torch$torch_version-$py_tag-$flavour-patch$patch_hash
+cache=${MULTIGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/multigpu}/wheels/horovod-$HOROVOD_VERSION-torch$torch_version-$py_tag-$flavour-mpi-gloo-patch$patch_hash
 mkdir -p "$cache"
 
 wheel=$(ls "$cache"/horovod-*.whl 2>/dev/null | head -n 1 || true)
@@ -51,6 +52,7 @@ else
   for tool in g++ make; do
     command -v "$tool" >/dev/null 2>&1 || fail "'$tool' not found"
   done
+  [ -x "$venv_bin/mpicc" ] || fail "no MPI compiler wrapper at $venv_bin/mpicc (the pinned 'mpich' package is missing: run 'make setup')"
   if ! cmake --version >/dev/null 2>&1 && ! "$venv_bin/cmake" --version >/dev/null 2>&1; then
     say "cmake not found: installing it into the venv from the package index"
     "$py" -m pip install -q cmake || fail "cmake not found and could not be installed"
@@ -66,8 +68,8 @@ else
   say "applying $(basename "$patch_file")"
   patch -s -p1 -d "$src" < "$patch_file" || fail "the patch did not apply"
 
-  export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
+  export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+         HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
          CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)"
   if [ "$flavour" = cuda ]; then export HOROVOD_GPU_OPERATIONS=NCCL; fi
   log="$cache/build.log"
@@ -83,9 +85,17 @@ else
 fi
 
 "$py" -m pip install -q --no-deps --force-reinstall "$wheel"
+# Whole lines under mpirun: MPICH labels each chunk a worker writes with its rank ("[1] ..."), and
+# with unbuffered output (horovodrun's, the course's) one print is several writes, so a line would
+# carry labels in its middle. A .pth line runs at every start of this Python: under mpirun
+# (PMI_RANK set) it makes stdout and stderr write a line at a time.
+site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+cat > "$site/horovod-mpich-whole-lines.pth" <<'PTH'
+import os, sys; "PMI_RANK" in os.environ and [s.reconfigure(line_buffering=True, write_through=False) for s in (sys.stdout, sys.stderr) if hasattr(s, "reconfigure")]
+PTH
 check=$("$venv_bin/horovodrun" --check-build 2>&1) || { echo "$check" >&2; fail "horovodrun --check-build failed"; }
 echo "$check" | sed -n '/Available Frameworks/,$p'
-for need in PyTorch Gloo; do
+for need in PyTorch MPI Gloo; do
   echo "$check" | grep -q "\[X\] $need" || fail "Horovod was built without $need"
 done
-say "OK: Horovod $HOROVOD_VERSION with PyTorch and Gloo ($flavour)"
+say "OK: Horovod $HOROVOD_VERSION with PyTorch, MPI and Gloo ($flavour)"

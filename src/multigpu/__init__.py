@@ -28,3 +28,4 @@ course tooling         ``layout`` (where the course's folders are), ``release`` 
 """
 
 __version__ = "0.1.0"
+

@@ -1,7 +1,7 @@
 """Entry point of one worker process started by :mod:`multigpu.launch` (not for direct use).
 
     python -m multigpu._worker run     JOB OUTDIR   # torch.distributed worker, rank from RANK
-    python -m multigpu._worker horovod JOB OUTDIR   # worker under horovodrun, rank from HOROVOD_RANK
+    python -m multigpu._worker horovod JOB OUTDIR   # worker under horovodrun, rank from HOROVOD_RANK or PMI_RANK
 
 JOB is a cloudpickled ``(fn, args, backend)``. The worker writes ``OUTDIR/rank<R>.pkl`` holding
 ``("ok", value)`` or ``("error", traceback)``, then exits 0 or 1.
@@ -34,14 +34,17 @@ def main(argv: list[str]) -> int:
     if kind == "run":
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     else:
-        rank, world = int(os.environ.get("HOROVOD_RANK", "0")), int(os.environ.get("HOROVOD_SIZE", "1"))
+        # horovodrun --gloo sets HOROVOD_RANK/_SIZE; mpirun (horovodrun over MPI) sets PMI_RANK/_SIZE
+        rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("PMI_RANK", "0")))
+        world = int(os.environ.get("HOROVOD_SIZE", os.environ.get("PMI_SIZE", "1")))
     import torch
 
     from multigpu import devices
 
     threads = os.environ.get("MULTIGPU_THREADS")
     if threads is None:
-        local = int(os.environ.get("HOROVOD_LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        local = int(os.environ.get("HOROVOD_LOCAL_SIZE", os.environ.get("MPI_LOCALNRANKS",
+                                                                        os.environ.get("LOCAL_WORLD_SIZE", "1"))))
         threads = str(devices.threads_per_worker(local))
     torch.set_num_threads(int(threads))
 

@@ -6,7 +6,7 @@ Why Horovod is slow on an oversubscribed CPU, and what :func:`patient_waits` doe
 ``optimizer.step()`` waits for the gradients' all-reduce in ``hvd.synchronize()``, which Horovod
 implements as a busy loop (poll, ``std::this_thread::yield()``, poll ...). On a GPU machine that
 costs one otherwise idle CPU core. In CPU mode the core it burns is the one the worker's own
-Horovod background thread (which runs the Gloo all-reduce) and the other workers need: the
+Horovod background thread (which runs the all-reduce) and the other workers need: the
 waiting makes the all-reduce slower. :func:`patient_waits` makes the optimizer poll with short
 sleeps instead, then calls Horovod's own ``synchronize`` (which returns at once).
 """
@@ -151,8 +151,9 @@ def run_script(
 ) -> list[dict[str, Any]]:
     """Run a training script with ``np`` workers and ``--record --out out``; return its records.
 
-    ``launcher``: ``"horovodrun"`` (Horovod scripts, any ``np``), ``"torchrun"`` (the DDP
-    script), or ``"python"`` (one plain process, ``np`` must be 1). Old records in ``out`` are
+    ``launcher``: ``"horovodrun"`` (Horovod scripts, any ``np``; MPI where Horovod has it),
+    ``"horovodrun --gloo"`` (the same over Gloo), ``"torchrun"`` (the DDP script), or
+    ``"python"`` (one plain process, ``np`` must be 1). Old records in ``out`` are
     removed first. Output is streamed live; a crash or a hang raises ``launch.WorkerError``.
     """
     from multigpu import launch, run_records
@@ -164,8 +165,8 @@ def run_script(
     if script is None and module is None:
         module = REFERENCE_MODULE
     argv = [*_command(script, module), *map(str, args), "--record", "--out", str(out)]
-    if launcher == "horovodrun":
-        launch.horovodrun(argv, np, timeout=timeout, env=env, echo=echo)
+    if launcher in ("horovodrun", "horovodrun --gloo"):
+        launch.horovodrun(argv, np, timeout=timeout, env=env, echo=echo, horovod_args=launcher.split()[1:])
     elif launcher == "torchrun":
         launch.torchrun(argv[1:], np, timeout=timeout, env=env, echo=echo)
     elif launcher == "python":

@@ -20,6 +20,7 @@ cannot flood a notebook.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import re
@@ -87,6 +88,26 @@ def executable(name: str) -> str:
     return found
 
 
+@functools.lru_cache(maxsize=None)
+def horovod_controller() -> str:
+    """How the course runs Horovod on this machine: ``"mpi"`` where Horovod was built with MPI and
+    the environment has ``mpirun`` (the venv's MPICH: the workers of one machine exchange
+    gradients through shared memory), else ``"gloo"`` (TCP, loopback on one machine)."""
+    try:
+        mpirun = executable("mpirun")
+        from horovod.common.util import mpi_built  # asks a child process: Horovod's own check
+    except (FileNotFoundError, ImportError):
+        return "gloo"
+    return "mpi" if Path(mpirun).exists() and mpi_built() else "gloo"
+
+
+def horovodrun_command(np: int, hosts: str | None = None, horovod_args: Sequence[str] = ()) -> list[str]:
+    """``horovodrun -np N -H hosts --mpi|--gloo [horovod_args]``: the controller of
+    :func:`horovod_controller` unless ``horovod_args`` names one."""
+    chosen = [] if {"--mpi", "--gloo"} & set(horovod_args) else [f"--{horovod_controller()}"]
+    return [executable("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", *chosen, *horovod_args]
+
+
 @contextlib.contextmanager
 def pickled_by_value(fn: Any) -> Iterator[None]:
     """Let ``fn`` travel to the workers by value when its module is not importable there (a
@@ -115,13 +136,15 @@ def _dump_job(path: Path, fn: Callable[..., Any], args: Sequence[Any], backend: 
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for workers: ours, with this package importable and output unbuffered.
-    ``extra`` overrides variables; a ``PYTHONPATH`` in it goes after this package's folder and
-    before the inherited one."""
+    """The environment for workers: ours, with this package importable, the venv's tools first on
+    ``PATH`` (``horovodrun`` starts the venv's ``mpirun``) and output unbuffered. ``extra``
+    overrides variables; a ``PYTHONPATH`` in it goes after this package's folder and before the
+    inherited one."""
     env = dict(os.environ)
     extra = {k: str(v) for k, v in (extra or {}).items()}
     paths = [str(layout.IMPORT_ROOT), extra.pop("PYTHONPATH", ""), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("MULTIGPU_PLAIN_PROGRESS", "1")
     env.update(extra)
@@ -319,12 +342,13 @@ def horovodrun(
     echo: bool = True,
     check: bool = True,
 ) -> JobResult:
-    """Run ``horovodrun -np N -H localhost:N [horovod_args] argv`` with live output and a time limit.
+    """Run ``horovodrun -np N -H localhost:N [horovod_args] argv`` (see :func:`horovodrun_command`)
+    with live output and a time limit.
 
     ``hosts`` defaults to ``localhost:N``; several nodes look like ``"server1:4,server2:4"``.
     With ``check`` (default) a non-zero exit raises :class:`WorkerError` with the output tail.
     """
-    cmd = [executable("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", *horovod_args, *argv]
+    cmd = [*horovodrun_command(np, hosts, horovod_args), *argv]
     return run_command(cmd, label="horovodrun", what=f"horovodrun -np {np}", timeout=timeout, env=env, echo=echo,
                        check=check)
 
@@ -406,9 +430,10 @@ def torchrun(
 
 
 def worker_errors(output: Sequence[str], limit: int = 25) -> str:
-    """The workers' own traceback lines from ``horovodrun`` output (``[R]<stderr>:...``),
-    without horovodrun's traceback of itself, so the learner sees what went wrong in the script."""
-    pattern = re.compile(r"^(?:\[horovodrun\] )?\[(\d+)\]<stderr>:(.*)$")
+    """The workers' own traceback lines from ``horovodrun`` output (over Gloo ``[R]<stderr>:...``,
+    over MPICH ``[R] ...``), without horovodrun's traceback of itself, so the learner sees what went
+    wrong in the script."""
+    pattern = re.compile(r"^(?:\[horovodrun\] )?\[(\d+)\](?:<stderr>:| )(.*)$")
     first: str | None = None
     picked: list[str] = []
     for line in output:

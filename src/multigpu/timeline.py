@@ -4,8 +4,9 @@ Horovod's coordinator (rank 0) writes one Chrome-trace event per phase of every 
 each tensor (``allreduce.features.0.weight``, ``broadcast...``) is a "process" (``pid``) whose
 phases are begin/end pairs: ``NEGOTIATE_ALLREDUCE`` (from the first rank reporting the tensor
 ready until the last one does; the instant events named ``"0"``, ``"1"``... mark each rank's
-report), then ``ALLREDUCE`` with its parts ``MEMCPY_IN_FUSION_BUFFER``, ``GLOO_ALLREDUCE`` (or
-``NCCL_ALLREDUCE``) and ``MEMCPY_OUT_FUSION_BUFFER``. The file is often left without its
+report), then ``ALLREDUCE`` with its parts ``MEMCPY_IN_FUSION_BUFFER``, ``MPI_ALLREDUCE`` (or
+``GLOO_ALLREDUCE``, ``NCCL_ALLREDUCE``: the library that moved the bytes) and
+``MEMCPY_OUT_FUSION_BUFFER``. The file is often left without its
 closing bracket; :func:`load` copes.
 """
 
@@ -28,8 +29,10 @@ COLOURS = {
     "BROADCAST": "#9ecae1",
     "MEMCPY_IN_FUSION_BUFFER": "#e76f51",
     "MEMCPY_OUT_FUSION_BUFFER": "#f4a261",
+    "MPI_ALLREDUCE": "#2a6f97",
     "GLOO_ALLREDUCE": "#2a6f97",
     "NCCL_ALLREDUCE": "#2a6f97",
+    "MPI_BCAST": "#2a6f97",
     "GLOO_BCAST": "#2a6f97",
     "QUEUE": "#bbbbbb",
 }

@@ -113,7 +113,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         m = r.measurements
         rows.setdefault(name, []).append({"passed": r.passed, "score": r.score, "efficiency": m.get("efficiency"),
                                           "failed": [c for c in r.criteria if not r.ok(c)],
-                                          "allreduces_per_epoch": m.get("gradient_allreduces_per_epoch"),
+                                          "allreduces_per_epoch": m.get("horovod_gradient_rounds_per_epoch"),
                                           "accuracy_held": m.get("accuracy_held"), "seconds": time.monotonic() - start})
         failed = [c for c in r.criteria if not r.ok(c)]
         print(f"[{i}/{len(jobs)}] {name}: {r.score}/{r.max_score} {'PASS' if r.passed else 'fail'} "

@@ -13,14 +13,12 @@ What it does, in order (nothing the script prints or writes as a metric is trust
    the time budget, and the baseline again (interleaved, so a slow minute hits both), each with
    :func:`runner.run_untrusted` inside the sandbox (:mod:`multigpu.grading.sandbox`): bounded in
    time, output and memory, no process left behind, checkpoint arrival timed by the grader's
-   clock, the workers' loopback traffic counted by the kernel.
+   clock.
 4. Loads every ``rank-<R>-epoch-<E>.pt`` with ``weights_only=True`` (no code from a
    submission runs in the grader) and checks: every rank saved every epoch; weights identical
    across ranks AND gradients averaged by Horovod (the timeline Horovod's rank 0 wrote where the
    grader's ``HOROVOD_TIMELINE`` said must show about one complete round of gradient
-   all-reduces per step: :func:`horovod_averaging`) and over the network (CPU mode: the
-   loopback bytes of the run must amount to :data:`rules.MIN_ALLREDUCES_PER_EPOCH` gradient
-   all-reduces per epoch or more); disjoint shards that cover the training set (counted only when the gradients were
+   all-reduces per step: :func:`horovod_averaging`); disjoint shards that cover the training set (counted only when the gradients were
    averaged); its own held-out accuracy of the weights, on a held-out set generated afresh in
    the grader's private folder; throughput from the checkpoints' arrival times against the
    baseline (re-measured, or "too noisy" instead of a verdict, when the baselines disagree).
@@ -251,32 +249,6 @@ def run_throughput(record: runner.RunRecord, images: dict[int, int]) -> float | 
     t_last = record.epoch_times[last]
     elapsed = max(t_last - record.epoch_times[1], 0.5 * t_last * (len(epochs) - 1) / len(epochs))
     return counted / elapsed if elapsed > 0 else None
-
-
-def gradient_traffic(rec: runner.RunRecord, weights: dict[str, torch.Tensor], workers: int, epochs: int,
-                     settings: Settings) -> dict[str, Any]:
-    """Did the ranks average their gradients? Judged from the bytes the kernel counted on the
-    sandbox's private loopback (CPU mode: Gloo all-reduces over TCP), never from the script.
-
-    Returns ``{"ok": bool, "message": str, "measurements": {...}}``. Not judged (ok) where the
-    bytes cannot be counted: GPU mode (NCCL does not use the loopback) or an unsandboxed run.
-    """
-    params = sum(t.numel() for t in weights.values() if t.is_floating_point())
-    per_allreduce = 2 * (workers - 1) * params * 4  # one ring all-reduce of float32 gradients, all ranks together
-    if devices.detect().mode != "cpu" or not rec.sandboxed or rec.loopback_bytes is None or workers < 2:
-        return {"ok": True, "message": "gradient traffic not counted here (GPU mode or an unsandboxed run)",
-                "measurements": {}}
-    count = rec.loopback_bytes / per_allreduce / max(epochs, 1)
-    need = settings.min_allreduces_per_epoch
-    measured = {"gradient_allreduces_per_epoch": round(count, 1)}
-    sent = f"the workers sent each other {rec.loopback_bytes / 1e6:.0f} MB, about {count:.1f} gradient all-reduces per epoch"
-    if count >= need:
-        return {"ok": True, "message": sent + " (the gradients were averaged every step)", "measurements": measured}
-    return {"ok": False, "measurements": measured, "message": (
-        f"{sent}: a data-parallel run all-reduces its {params:,} gradients every step (at least {need} per epoch). "
-        "Identical weights at the end of an epoch are not enough: wrap the optimizer in hvd.DistributedOptimizer "
-        "so that every rank trains on its shard and the gradients are averaged at every step, instead of one rank "
-        "training alone or weights broadcast before saving")}
 
 
 #: Where the submission's run writes Horovod's timeline: its own writable folder, named by the
@@ -643,7 +615,6 @@ def grade(
                                      "HOROVOD_TIMELINE": str(submission / TIMELINE_FILE)},
                                 sandbox=rules_, stop_if=lone_rank0(settings.workers))
         measurements["run_s"] = round(rec.wall_s, 2)
-        measurements["loopback_bytes"] = rec.loopback_bytes
         if rec.stopped_early:  # no complete epoch: no throughput to measure against the baselines
             log(rec.stopped_early)
         else:
@@ -687,7 +658,7 @@ def judge(
     crit["workers"], complete = _judge_workers(rec, ckpts, settings, failure, uses_horovod, m)
     loaded, nothing = _load_complete(ckpts, complete, n, failure)
     usable = not nothing
-    crit["identical"], not_averaged = _judge_identical(rec, loaded, complete, settings, m, source, timeline_path,
+    crit["identical"], not_averaged = _judge_identical(loaded, complete, settings, m, source, timeline_path,
                                                        nothing)
     crit["sharded"] = _judge_sharded(loaded, complete, n, train_root, not_averaged, nothing)
     crit["accuracy"] = _judge_accuracy(loaded, complete, settings, holdout, m, log, source, nothing)
@@ -754,11 +725,11 @@ def _load_complete(ckpts: dict[tuple[int, int], Path], complete: list[int], n: i
     return loaded, ("" if not load_error and complete else nothing)
 
 
-def _judge_identical(rec: runner.RunRecord, loaded: dict[tuple[int, int], dict], complete: list[int],
+def _judge_identical(loaded: dict[tuple[int, int], dict], complete: list[int],
                      settings: Settings, m: dict[str, Any], source: str, timeline_path: Path | None,
                      nothing: str) -> tuple[Criterion, bool]:
-    """Identical weights, averaged by Horovod (its timeline) and sent over the network (the
-    kernel); also whether the gradients were NOT averaged (then the shards do not count)."""
+    """Identical weights, averaged by Horovod (its timeline); also whether the gradients were NOT
+    averaged (then the shards do not count)."""
     n = settings.workers
     not_averaged = False
     if nothing:
@@ -772,11 +743,9 @@ def _judge_identical(rec: runner.RunRecord, loaded: dict[tuple[int, int], dict],
                     worst = (d, where, r, e)
         m["max_weight_difference"] = worst[0] if math.isfinite(worst[0]) else "shape mismatch"
         weights = weights_only(loaded[(0, complete[0])]["model"])
-        averaged = gradient_traffic(rec, weights, n, len(complete), settings)  # the kernel's view (CPU mode)
-        m.update(averaged.get("measurements", {}))
         per_worker = sum(len(c["indices"]) for c in loaded.values()) / len(loaded)
         by_horovod = horovod_averaging(timeline_path, weights, per_worker, len(complete), settings, source)
-        m.update(by_horovod["measurements"])  # Horovod's own view (every mode)
+        m.update(by_horovod["measurements"])
         if worst[0] > IDENTICAL_TOL:
             verdict = Criterion(
                 "identical", POINTS["identical"], False,
@@ -784,16 +753,15 @@ def _judge_identical(rec: runner.RunRecord, loaded: dict[tuple[int, int], dict],
                 f"{worst[0]:.3g} in '{worst[1]}'): broadcast rank 0's parameters and optimizer state at the start "
                 "(hvd.broadcast_parameters, hvd.broadcast_optimizer_state) and average gradients with "
                 "hvd.DistributedOptimizer")
-        elif not (by_horovod["ok"] and averaged["ok"]):
+        elif not by_horovod["ok"]:
             not_averaged = True
-            failed = [v["message"] for v in (by_horovod, averaged) if not v["ok"]]
-            verdict = Criterion("identical", POINTS["identical"], False, ". Also: ".join(failed))
+            verdict = Criterion("identical", POINTS["identical"], False, by_horovod["message"])
         else:
             verdict = Criterion(
                 "identical", POINTS["identical"], True,
                 f"all {n} ranks hold the same trainable weights after each of {len(complete)} epochs (BatchNorm's "
                 "running statistics are buffers each rank computes from its own shard, so they are not compared); "
-                + by_horovod["message"] + "; " + averaged["message"])
+                + by_horovod["message"])
     return verdict, not_averaged
 
 

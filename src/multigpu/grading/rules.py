@@ -70,12 +70,10 @@ RESULT_FILE = "grading-result.json"
 MAX_OUTPUT_BYTES = 2_000_000
 #: Cap on the memory of a submission's processes together (RSS, bytes) before it is stopped.
 MAX_MEMORY_BYTES = 12 * 2**30
-#: Gradient all-reduces per epoch, at least, that the workers' own loopback traffic must amount
-#: to (CPU mode, sandboxed): one ring all-reduce of P float32 gradients on N ranks sends
-#: 2(N-1) x 4P bytes in all (fp16 compression: half, so 2 a step still count as one). A
-#: data-parallel run all-reduces every step (tens to hundreds of steps an epoch); a run that never
-#: averages gradients sends about 0, one that trains on rank 0 and broadcasts its weights once an
-#: epoch about 0.5 (rank 0 sends 4P bytes to each of N-1 ranks).
+#: Complete rounds of gradient all-reduces per epoch, at least, in Horovod's timeline of the run
+#: (the floor under :data:`MAX_IMAGES_PER_ALLREDUCE`'s count). A data-parallel run all-reduces
+#: every step (tens to hundreds of steps an epoch); a run that never averages gradients, or where
+#: rank 0 trains alone and broadcasts its weights, has none.
 MIN_ALLREDUCES_PER_EPOCH = 2
 #: Images one worker may train on between two gradient all-reduces, at most (its batch times any
 #: accumulated backward passes). With the MIN above it sets how many complete rounds of gradient

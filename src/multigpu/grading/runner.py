@@ -14,9 +14,7 @@ in its own session and guarantees, whatever the script does:
 - the moment each checkpoint file ``rank-<R>-epoch-<E>.pt`` appears is recorded by the grader's
   clock (``epoch_times``), so throughput never depends on what the script claims;
 - with ``sandbox=...`` it runs inside bubblewrap (:mod:`multigpu.grading.sandbox`: read-only
-  system, private HOME and network namespace, its own PID namespace), and the bytes its
-  workers sent each other over that private loopback are counted from outside
-  (``loopback_bytes``): a fact of the kernel's, not of the script's.
+  system, private HOME and network namespace, its own PID namespace).
 """
 
 from __future__ import annotations
@@ -66,8 +64,6 @@ class RunRecord:
     peak_memory_bytes: int = 0
     #: ran inside the sandbox
     sandboxed: bool = False
-    #: bytes sent over the sandbox's own loopback (None: not sandboxed, or never seen)
-    loopback_bytes: int | None = None
     #: why the watcher's ``stop_if`` rule stopped the run before it ended ("" when it did not)
     stopped_early: str = ""
 
@@ -98,24 +94,6 @@ def _memory(pids: set[int]) -> int:
         except psutil.Error:
             pass
     return total
-
-
-_OWN_NET = os.readlink("/proc/self/ns/net") if os.path.exists("/proc/self/ns/net") else ""
-
-
-def _loopback_tx(pids: set[int]) -> int | None:
-    """Bytes sent on ``lo`` in the network namespace of the first of ``pids`` that is not ours."""
-    for pid in sorted(pids):
-        try:
-            if os.readlink(f"/proc/{pid}/ns/net") == _OWN_NET:
-                continue
-            for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines():
-                name, _, fields = line.partition(":")
-                if name.strip() == "lo":
-                    return int(fields.split()[8])  # rx: 8 fields, then tx bytes
-        except (OSError, ValueError, IndexError):
-            continue
-    return None
 
 
 def _descendants(pid: int) -> set[int]:
@@ -201,7 +179,7 @@ def run_untrusted(
     workdir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(Path(script).resolve()), *map(str, args)]
     if workers is not None:
-        command = [launch.executable("horovodrun"), "-np", str(workers), "-H", f"localhost:{workers}", *command]
+        command = [*launch.horovodrun_command(workers), *command]
     token = uuid.uuid4().hex
     if sandbox is not None:
         popen_env = sb.environment({**(env or {}), TOKEN_VAR: token})
@@ -244,7 +222,6 @@ def run_untrusted(
     timed_out = memory_exceeded = False
     stopped = ""
     peak = 0
-    loopback: int | None = None
     try:
         while proc.poll() is None:
             elapsed = time.monotonic() - start
@@ -260,10 +237,6 @@ def run_untrusted(
             if max_memory_bytes is not None and used > max_memory_bytes:
                 memory_exceeded = True
                 break
-            if sandbox is not None:
-                sent = _loopback_tx(alive)
-                if sent is not None:
-                    loopback = max(sent, loopback or 0)
             _scan(ckpt, start, seen)
             if stop_if is not None:
                 stopped = stop_if(dict(seen), time.monotonic() - start) or ""
@@ -288,7 +261,7 @@ def run_untrusted(
                            output_exceeded=state["exceeded"] and not timed_out, output_bytes=state["bytes"],
                            tail=text[-TAIL_BYTES:], checkpoint_times=dict(seen), epoch_times=epoch_times,
                            memory_exceeded=memory_exceeded, peak_memory_bytes=peak,
-                           sandboxed=sandbox is not None, loopback_bytes=loopback, stopped_early=stopped)
+                           sandboxed=sandbox is not None, stopped_early=stopped)
     if log is not None:
         how = ("timed out" if record.timed_out else "stopped: too much output" if record.output_exceeded
                else "stopped: too much memory" if record.memory_exceeded

@@ -58,12 +58,13 @@ variant                       what it does                                      
                               compile (:func:`write` writes it all the same)
 ============================  =================================================  ==================
 
-``ddp_under_horovodrun`` reads ``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK`` and
-``HOROVOD_LOCAL_SIZE`` (horovodrun sets them for every worker, with ``HOROVOD_HOSTNAME``,
-``HOROVOD_CROSS_RANK``/``_SIZE``, ``HOROVOD_CONTROLLER=gloo`` and its rendezvous address
-``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``_PORT``) and opens torch's TCP store on 127.0.0.1 at the port
-after horovodrun's rendezvous port: one every worker derives alike, free in the sandbox's own
-network namespace (and almost surely outside it). It never calls ``hvd.init()``.
+``ddp_under_horovodrun`` reads its rank, the world size, its local rank and the local size from
+what the launcher gives every worker: ``mpirun`` (horovodrun's default where Horovod has MPI) sets
+``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID`` and ``MPI_LOCALNRANKS``; ``horovodrun --gloo`` sets
+``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK`` and ``HOROVOD_LOCAL_SIZE`` (with its
+rendezvous address ``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``_PORT``). It opens torch's TCP store on
+127.0.0.1 at a port every worker derives alike (after Gloo's rendezvous port, else a fixed one),
+free in the sandbox's own network namespace. It never calls ``hvd.init()``.
 """
 
 from __future__ import annotations
@@ -144,15 +145,18 @@ EDITS: dict[str, dict[str, str]] = {
     },
     "ddp_under_horovodrun": {
         IMPORT: "import torch.distributed as dist  # torch DDP, launched by horovodrun\n",
-        INIT: ("    env = os.environ  # what horovodrun gives every worker\n"
-               "    rank, workers = int(env['HOROVOD_RANK']), int(env['HOROVOD_SIZE'])\n"
-               "    device = devices.worker_device(int(env['HOROVOD_LOCAL_RANK']))\n"
-               "    port = int(env['HOROVOD_GLOO_RENDEZVOUS_PORT']) + 1  # the same on every worker\n"
+        INIT: ("    env = os.environ  # what horovodrun gives every worker (mpirun's PMI_*, or Gloo's HOROVOD_*)\n"
+               "    rank = int(env.get('HOROVOD_RANK', env.get('PMI_RANK', 0)))\n"
+               "    workers = int(env.get('HOROVOD_SIZE', env.get('PMI_SIZE', 1)))\n"
+               "    local_rank = int(env.get('HOROVOD_LOCAL_RANK', env.get('MPI_LOCALRANKID', 0)))\n"
+               "    local_size = int(env.get('HOROVOD_LOCAL_SIZE', env.get('MPI_LOCALNRANKS', 1)))\n"
+               "    device = devices.worker_device(local_rank)\n"
+               "    port = int(env.get('HOROVOD_GLOO_RENDEZVOUS_PORT', 29511)) + 1  # the same on every worker\n"
                "    backend = 'nccl' if device.type == 'cuda' else 'gloo'\n"
                "    store = f'tcp://127.0.0.1:{port}'\n"
                "    dist.init_process_group(backend, init_method=store, rank=rank, world_size=workers)\n"),
-        THREADS: "devices.threads_per_worker(int(os.environ['HOROVOD_LOCAL_SIZE']))",
-        PIN: "devices.pin_worker(int(os.environ['HOROVOD_LOCAL_RANK']), int(os.environ['HOROVOD_LOCAL_SIZE']))",
+        THREADS: "devices.threads_per_worker(local_size)",
+        PIN: "devices.pin_worker(local_rank, local_size)",
         DISTRIBUTE: ("    # averages the gradients in backward; broadcasts rank 0's weights now\n"
                      "    ddp = torch.nn.parallel.DistributedDataParallel(\n"
                      "        model, device_ids=[device.index] if device.type == 'cuda' else None)\n"),
