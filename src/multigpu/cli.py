@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from multigpu import devices
+    from multigpu import devices, launch
 
     info = devices.detect()
     build = devices.horovod_build()
@@ -26,7 +26,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"torch {info.torch_version}; collectives backend: {info.backend}")
     if build["installed"]:
         ops = [name for name in ("gloo", "nccl", "mpi") if build[name]]
-        print(f"Horovod {build['version']}: PyTorch yes; operations: {', '.join(ops) or 'none'}")
+        print(f"Horovod {build['version']}: PyTorch yes; operations: {', '.join(ops) or 'none'}; "
+              f"horovodrun runs over {launch.horovod_controller().upper()}")
     else:
         print("Horovod: NOT installed (run 'make setup'; see README.md, 'Troubleshooting the Horovod build')")
     ok = bool(build["installed"] and build["gloo"])

@@ -1,8 +1,9 @@
 """Which hardware mode the course runs in, and how one worker process should use it.
 
 GPU mode (CUDA available): one worker process per GPU, NCCL for collectives.
-CPU mode (no CUDA): each "GPU" is a worker process that runs with a single thread, Gloo for
-collectives. The same training code runs in both; only the helpers here differ.
+CPU mode (no CUDA): each "GPU" is a worker process that runs with a single thread; Horovod's
+collectives go over MPI (shared memory between one machine's workers), torch.distributed's over
+Gloo. The same training code runs in both; only the helpers here differ.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def describe(workers: int | None = None, info: MachineInfo | None = None) -> str
     else:
         text = (
             f"CPU mode: no CUDA device, {info.cores} CPU cores. Each 'GPU' is a worker process "
-            "with its own thread(s); collectives use Gloo. Absolute speeds are far below a GPU's; "
+            "with its own thread(s); Horovod's collectives use MPI (shared memory), torch.distributed's "
+            "Gloo. Absolute speeds are far below a GPU's; "
             "the lessons are in the ratios."
         )
     if workers is not None:

@@ -119,9 +119,13 @@ def command(
 
 def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a sandboxed run: a clean PATH with the venv first, HOME inside the
-    sandbox, the package importable, the few variables of :data:`PASSED_VARS`, and ``extra``."""
+    sandbox, the package importable, the course's Horovod settings (``launch.horovod_defaults``:
+    the same for every submission), the few variables of :data:`PASSED_VARS`, and ``extra``."""
+    from multigpu import launch
+
     venv_bin = str(Path(sys.executable).parent)
-    env = {k: os.environ[k] for k in PASSED_VARS if k in os.environ}
+    env = launch.horovod_defaults()
+    env.update({k: os.environ[k] for k in PASSED_VARS if k in os.environ})
     env.update({
         "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
         "HOME": HOME,
