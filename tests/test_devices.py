@@ -25,7 +25,45 @@ def test_ideal_factor_is_capped_by_cores_in_cpu_mode():
 
 def test_ideal_factor_is_capped_by_gpus_in_gpu_mode():
     info = gpu_info(4, cores=64)
-    assert [devices.ideal_factor(n, info) for n in (1, 4, 8)] == [1, 4, 4]
+    assert [devices.ideal_factor(n, info) for n in (1, 2, 4)] == [1, 2, 4]
+    assert devices.ideal_factor(8, info) == 8  # more workers than GPUs: CPU workers, capped by the 64 cores
+
+
+def test_fewer_gpus_than_workers_means_cpu_workers_and_says_so():
+    one_gpu = gpu_info(1, cores=2)
+    assert devices.for_workers(1, one_gpu) == one_gpu  # one worker: its GPU
+    cpu = devices.for_workers(4, one_gpu)
+    assert (cpu.mode, cpu.gpus, cpu.idle_gpus, cpu.backend) == ("cpu", 0, 1, "gloo")
+    assert devices.ideal_factor(4, one_gpu) == 2  # min(4 workers, 2 cores), not the 1 GPU
+    assert devices.job_env(4, one_gpu) == {"MULTIGPU_FORCE_CPU": "1"}
+    assert devices.job_env(1, one_gpu) == {} and devices.job_env(4, gpu_info(4)) == {}
+    text = devices.describe(workers=4, info=one_gpu)
+    assert "CPU mode on a machine with 1 GPU" in text and "4 workers need 4 GPUs" in text and "x2" in text
+    assert "GPU mode" in devices.describe(workers=4, info=gpu_info(4))
+
+
+def fake_gpus(monkeypatch, n: int) -> None:
+    """This process sees ``n`` CUDA devices (torch's queries only; nothing runs on them)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: f"Simulated GPU {i}")
+
+
+def test_a_notebook_on_one_gpu_uses_cpu_workers_for_a_four_worker_lab(monkeypatch):
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.setenv("MULTIGPU_FORCE_CPU", "0")  # restored after the test; use() overwrites it
+    assert devices.detect().mode == "gpu"
+    info = devices.use(workers=4)
+    assert os.environ["MULTIGPU_FORCE_CPU"] == "1"  # every later run of the notebook, its workers too
+    assert (info.mode, info.idle_gpus) == ("cpu", 1) and devices.detect().mode == "cpu"
+    assert "every worker runs on the CPU" in devices.describe(workers=4, info=info)
+    assert "MULTIGPU_FORCE_CPU=1 is set" in devices.describe(info=info)  # a later cell without workers
+
+
+def test_a_notebook_with_enough_gpus_keeps_them(monkeypatch):
+    fake_gpus(monkeypatch, 4)
+    monkeypatch.setenv("MULTIGPU_FORCE_CPU", "0")
+    assert devices.use(workers=4).mode == "gpu" and os.environ["MULTIGPU_FORCE_CPU"] == "0"
 
 
 def test_ideal_factor_rejects_zero_workers():

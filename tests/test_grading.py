@@ -48,6 +48,19 @@ def test_profile_choice(monkeypatch):
         rules.settings("fast")
 
 
+def test_fewer_gpus_than_workers_grade_on_the_cpu_profile_and_the_gpu_profile_refuses(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the grader sees 2 GPUs
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Simulated GPU")
+    for var in ("MULTIGPU_GRADING_PROFILE", "MULTIGPU_QUICK", "MULTIGPU_FORCE_CPU"):
+        monkeypatch.delenv(var, raising=False)
+    assert rules.settings().profile == "cpu"  # 4 workers need 4 GPUs
+    with pytest.raises(ValueError, match="this machine has 2 GPU.*--profile cpu"):
+        grader.grade(grader.REFERENCE, rules.GPU, sandbox="off", workdir=tmp_path)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert rules.settings().profile == "gpu"
+
+
 def test_learners_get_the_unconverted_starter_and_the_solution_is_the_conversion(repo, tmp_path):
     starter = grader.STARTER.read_text()
     assert "hvd" not in starter and "def save_checkpoint" in starter

@@ -33,6 +33,32 @@ def test_run_uses_one_thread_per_worker_when_workers_outnumber_cores():
     assert all(v[2] == 1 for v in values)
 
 
+def mode_of_worker(rank, world_size):
+    import os
+
+    import torch.distributed as dist
+
+    from multigpu import devices
+
+    return os.environ.get("MULTIGPU_FORCE_CPU"), devices.detect().mode, dist.get_backend()
+
+
+def test_on_a_one_gpu_machine_a_two_worker_job_runs_cpu_workers_and_says_so(monkeypatch, capsys):
+    import torch
+
+    from multigpu import devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the launcher sees 1 GPU
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Simulated GPU")
+    monkeypatch.delenv(devices.FORCE_CPU, raising=False)
+    assert devices.detect().mode == "gpu"
+    # NCCL (the GPU mode's backend) would not even start here: the workers got Gloo and CPU mode
+    assert launch.run(mode_of_worker, 2, timeout=120) == [("1", "cpu", "gloo")] * 2
+    assert "2 workers, 1 GPU(s): every worker runs on the CPU" in capsys.readouterr().out
+    assert launch.job_env(1, {"A": "b"}, echo=False) == {"A": "b"}  # one worker keeps its GPU
+
+
 def test_a_function_defined_at_run_time_travels_by_value():
     offset = 10
     values = launch.run(lambda rank, world: rank + offset, 2, backend=None, timeout=60, echo=False)

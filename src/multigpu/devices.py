@@ -9,7 +9,8 @@ Gloo. The same training code runs in both; only the helpers here differ.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,6 +24,9 @@ class MachineInfo:
     gpus: int  #: visible CUDA devices
     gpu_names: tuple[str, ...]
     torch_version: str
+    #: GPUs present but not used: CPU mode forced (``MULTIGPU_FORCE_CPU=1``, or :func:`use` on a
+    #: machine with fewer GPUs than the job's workers)
+    idle_gpus: int = 0
 
     @property
     def devices(self) -> int:
@@ -43,18 +47,60 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+FORCE_CPU = "MULTIGPU_FORCE_CPU"
+
+
+def cpu_forced(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``env`` (default: this process's) sets ``MULTIGPU_FORCE_CPU`` (to anything but 0)."""
+    return (os.environ if env is None else env).get(FORCE_CPU, "") not in ("", "0")
+
+
 def detect() -> MachineInfo:
     """Detect GPU or CPU mode. ``MULTIGPU_FORCE_CPU=1`` forces CPU mode on a GPU machine."""
-    force_cpu = os.environ.get("MULTIGPU_FORCE_CPU", "") not in ("", "0")
-    gpus = 0 if force_cpu or not torch.cuda.is_available() else torch.cuda.device_count()
-    names = tuple(torch.cuda.get_device_name(i) for i in range(gpus))
+    present = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = 0 if cpu_forced() else present
     return MachineInfo(
         mode="gpu" if gpus else "cpu",
         cores=cpu_cores(),
         gpus=gpus,
-        gpu_names=names,
+        gpu_names=tuple(torch.cuda.get_device_name(i) for i in range(gpus)),
         torch_version=torch.__version__,
+        idle_gpus=present - gpus,
     )
+
+
+def for_workers(workers: int, info: MachineInfo | None = None) -> MachineInfo:
+    """The mode a job of ``workers`` workers on this machine runs in.
+
+    GPU mode gives each worker its own GPU, so it needs at least as many GPUs as workers. With
+    fewer (a 1-3 GPU machine and a 4-worker lab) the job runs as on a machine without a GPU: CPU
+    workers, Gloo/MPI, each "GPU" a process. Mixing (some workers on GPUs, some on CPUs) would
+    make every worker wait for the slowest and every ratio meaningless."""
+    info = info or detect()
+    return as_cpu(info) if info.mode == "gpu" and workers > info.gpus else info
+
+
+def as_cpu(info: MachineInfo) -> MachineInfo:
+    """``info`` in CPU mode: what workers see with ``MULTIGPU_FORCE_CPU=1`` (its GPUs idle)."""
+    return replace(info, mode="cpu", gpus=0, gpu_names=(), idle_gpus=info.idle_gpus + info.gpus)
+
+
+def job_env(workers: int, info: MachineInfo | None = None) -> dict[str, str]:
+    """The environment a job of ``workers`` workers needs for :func:`for_workers`'s mode:
+    ``{"MULTIGPU_FORCE_CPU": "1"}`` where that mode is CPU on a GPU machine, else nothing."""
+    info = info or detect()
+    return {FORCE_CPU: "1"} if for_workers(workers, info).mode != info.mode else {}
+
+
+def use(workers: int) -> MachineInfo:
+    """Choose the mode for a notebook whose jobs run up to ``workers`` workers, once, at its top.
+
+    Where :func:`for_workers` says CPU on this GPU machine, sets ``MULTIGPU_FORCE_CPU=1`` in this
+    process (its workers inherit it), so every run of the notebook (one worker or ``workers``)
+    uses the same kind of device and its ratios compare like with like; :func:`describe` then
+    says why the GPUs sit idle. Returns the chosen mode's :class:`MachineInfo`."""
+    os.environ.update(job_env(workers))
+    return detect()
 
 
 def ideal_factor(workers: int, info: MachineInfo | None = None) -> int:
@@ -65,7 +111,7 @@ def ideal_factor(workers: int, info: MachineInfo | None = None) -> int:
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    info = info or detect()
+    info = for_workers(workers, info)
     return max(1, min(workers, info.devices))
 
 
@@ -76,7 +122,7 @@ def worker_device(local_rank: int = 0, info: MachineInfo | None = None) -> torch
         if not 0 <= local_rank < info.gpus:
             raise ValueError(
                 f"local rank {local_rank} has no GPU: this machine has {info.gpus}. "
-                "Start at most one worker per GPU."
+                f"Start at most one worker per GPU, or set {FORCE_CPU}=1 to run every worker on the CPU."
             )
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
@@ -121,12 +167,24 @@ def pin_worker(local_rank: int, local_size: int, info: MachineInfo | None = None
 
 
 def describe(workers: int | None = None, info: MachineInfo | None = None) -> str:
-    """One paragraph that tells a learner which mode is active and what it means for numbers."""
+    """One paragraph that tells a learner which mode is active (for a job of ``workers`` workers:
+    :func:`for_workers`) and what it means for numbers."""
     info = info or detect()
+    if workers is not None:
+        info = for_workers(workers, info)
     if info.mode == "gpu":
         text = (
             f"GPU mode: {info.gpus} CUDA device(s) ({', '.join(info.gpu_names)}), {info.cores} CPU cores. "
             "Each worker process drives one GPU; collectives use NCCL."
+        )
+    elif info.idle_gpus:
+        text = (
+            f"CPU mode on a machine with {info.idle_gpus} GPU(s): {info.cores} CPU cores. "
+            + (f"{workers} workers need {workers} GPUs (one each), so " if workers and workers > info.idle_gpus
+               else f"{FORCE_CPU}=1 is set, so ")
+            + "every worker runs on the CPU, as on a machine without a GPU, and the GPUs stay idle "
+            "(mixing GPU and CPU workers would make every ratio meaningless). Each 'GPU' is a worker process "
+            "with its own thread(s); Horovod's collectives use MPI, torch.distributed's Gloo."
         )
     else:
         text = (

@@ -108,12 +108,26 @@ def horovod_controller() -> str:
 CPU_FUSION_THRESHOLD = 4 * 2**20
 
 
-def horovod_defaults() -> dict[str, str]:
-    """The course's Horovod settings for this machine's mode, as environment variables (an
-    environment that sets one already wins): in CPU mode :data:`CPU_FUSION_THRESHOLD`."""
+def horovod_defaults(cpu: bool | None = None) -> dict[str, str]:
+    """The course's Horovod settings for CPU workers (``cpu``; default: this machine's mode), as
+    environment variables (an environment that sets one already wins): :data:`CPU_FUSION_THRESHOLD`."""
     from multigpu import devices
 
-    return {"HOROVOD_FUSION_THRESHOLD": str(CPU_FUSION_THRESHOLD)} if devices.detect().mode == "cpu" else {}
+    if cpu is None:
+        cpu = devices.detect().mode == "cpu"
+    return {"HOROVOD_FUSION_THRESHOLD": str(CPU_FUSION_THRESHOLD)} if cpu else {}
+
+
+def job_env(workers: int, env: dict[str, str] | None = None, echo: bool = True) -> dict[str, str]:
+    """``env`` for a job of ``workers`` workers, with ``MULTIGPU_FORCE_CPU=1`` where this GPU machine
+    has fewer GPUs than workers (:func:`multigpu.devices.for_workers`; said on stdout with ``echo``)."""
+    from multigpu import devices
+
+    forced = devices.job_env(workers)
+    if forced and echo:
+        print(f"{workers} workers, {devices.detect().gpus} GPU(s): every worker runs on the CPU "
+              f"({devices.FORCE_CPU}=1; see devices.for_workers)", flush=True)
+    return {**forced, **(env or {})}
 
 
 def horovodrun_command(np: int, hosts: str | None = None, horovod_args: Sequence[str] = ()) -> list[str]:
@@ -155,8 +169,10 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     importable, the venv's tools first on ``PATH`` (``horovodrun`` starts the venv's ``mpirun``)
     and output unbuffered. ``extra`` overrides variables; a ``PYTHONPATH`` in it goes after this
     package's folder and before the inherited one."""
-    env = {**horovod_defaults(), **os.environ}
+    from multigpu import devices
+
     extra = {k: str(v) for k, v in (extra or {}).items()}
+    env = {**horovod_defaults(True if devices.cpu_forced({**os.environ, **extra}) else None), **os.environ}
     paths = [str(layout.IMPORT_ROOT), extra.pop("PYTHONPATH", ""), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH", "")) if p)
@@ -308,7 +324,8 @@ def run(
 
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
-    info = devices.detect()
+    info = devices.for_workers(nprocs)
+    env = job_env(nprocs, env, echo)
     if backend == "auto":
         backend = info.backend
     threads = threads or devices.threads_per_worker(nprocs, info)
@@ -364,8 +381,10 @@ def horovodrun(
     With ``check`` (default) a non-zero exit raises :class:`WorkerError` with the output tail.
     """
     cmd = [*horovodrun_command(np, hosts, horovod_args), *argv]
-    return run_command(cmd, label="horovodrun", what=f"horovodrun -np {np}", timeout=timeout, env=env, echo=echo,
-                       check=check)
+    # the workers of one node: each host's slots ("server1:4,server2:4": 4 on each)
+    per_node = max(int(h.split(":")[1]) if ":" in h else 1 for h in hosts.split(",")) if hosts else np
+    return run_command(cmd, label="horovodrun", what=f"horovodrun -np {np}", timeout=timeout,
+                       env=job_env(per_node, env, echo), echo=echo, check=check)
 
 
 def run_command(
@@ -441,7 +460,8 @@ def torchrun(
     """
     cmd = [executable("torchrun"), "--standalone", f"--nproc-per-node={nproc}", *argv]
     return run_command(cmd, label="torchrun", what=f"torchrun --nproc-per-node={nproc}", timeout=timeout,
-                              env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}, echo=echo)
+                       env=job_env(nproc, {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})},
+                                   echo), echo=echo)
 
 
 def worker_errors(output: Sequence[str], limit: int = 25) -> str:

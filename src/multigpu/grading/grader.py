@@ -517,6 +517,12 @@ def sandbox_rules(train_root: Path, extra_hidden: Sequence[os.PathLike | str] = 
     return {"readable": [train_root, *readable], "hidden": [h for h in hidden if Path(h).exists()]}
 
 
+def _mode_env(settings: Settings) -> dict[str, str]:
+    """The cpu and quick profiles grade CPU workers, on a GPU machine too (the same devices for
+    the baselines and every submission)."""
+    return {} if settings.profile == "gpu" else {devices.FORCE_CPU: "1"}
+
+
 def _baseline(settings: Settings, workdir: Path, train_root: Path, index: int, log: Log,
               sandbox: dict | None) -> float | None:
     """One run of the unmodified starter on one worker with one thread: its images/s (None if it failed)."""
@@ -527,7 +533,8 @@ def _baseline(settings: Settings, workdir: Path, train_root: Path, index: int, l
     rec = runner.run_untrusted(work / "train.py", work, workers=None, timeout=settings.time_budget_s,
                             max_output_bytes=settings.max_output_bytes, max_memory_bytes=settings.max_memory_bytes,
                             args=("--epochs", str(settings.baseline_epochs), "--threads", str(BASELINE_THREADS)),
-                            env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt)},
+                            env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt),
+                                 **_mode_env(settings)},
                             checkpoint_dir=ckpt, sandbox=sandbox)
     if not rec.ok:
         log(f"baseline run {index + 1} failed: {run_failure(rec, settings)}")
@@ -585,8 +592,13 @@ def grade(
         return _all_fail(name, settings, problem)
 
     info = devices.detect()
+    if settings.profile == "gpu" and info.gpus < settings.workers:
+        raise ValueError(f"the gpu profile grades {settings.workers} workers, one per GPU; this machine has "
+                         f"{info.gpus} GPU(s): grade with --profile cpu (CPU workers)")
+    if settings.profile != "gpu":
+        info = devices.as_cpu(info)  # CPU workers (the env of every run says so: _mode_env)
     measurements: dict[str, Any] = {
-        "workers": settings.workers, "mode": info.mode,
+        "workers": settings.workers, "mode": info.mode, "ideal_factor": devices.ideal_factor(settings.workers, info),
         "hardware": f"{info.mode.upper()} mode, {info.cores} cores" + (f", {info.gpus} GPUs" if info.gpus else ""),
     }
     if why_not:
@@ -612,7 +624,7 @@ def grade(
                                 max_memory_bytes=settings.max_memory_bytes, args=args, echo=echo, checkpoint_dir=ckpt,
                                 env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt),
                                      # Horovod's own account of the run: rank 0 records every collective
-                                     "HOROVOD_TIMELINE": str(submission / TIMELINE_FILE)},
+                                     "HOROVOD_TIMELINE": str(submission / TIMELINE_FILE), **_mode_env(settings)},
                                 sandbox=rules_, stop_if=lone_rank0(settings.workers))
         measurements["run_s"] = round(rec.wall_s, 2)
         if rec.stopped_early:  # no complete epoch: no throughput to measure against the baselines
@@ -869,11 +881,12 @@ def _judge_throughput(rec: runner.RunRecord, loaded: dict[tuple[int, int], dict]
     else:
         baselines = agreeing
         baseline = statistics.median(baselines)
-        ideal = devices.ideal_factor(n) * baseline
+        factor = m.get("ideal_factor") or devices.ideal_factor(n)  # min(workers, cores or GPUs) of this grading
+        ideal = factor * baseline
         eff = throughput / ideal
         m.update(baseline=round(baseline, 2), ideal=round(ideal, 2), efficiency=round(eff, 4))
         figures = (f"{throughput:.1f} images/s on {n} workers = {eff:.2f} x ideal ({ideal:.1f} = "
-                   f"{devices.ideal_factor(n)} x {baseline:.1f} images/s of one worker with one thread, median of "
+                   f"{factor} x {baseline:.1f} images/s of one worker with one thread, median of "
                    f"{len(baselines)}); "
                    f"E = {settings.efficiency:.2f}")
         if prerequisites:

@@ -193,7 +193,8 @@ PROFILES: dict[str, Settings] = {s.profile: s for s in (CPU, GPU, QUICK)}
 
 def settings(name: str | None = None) -> Settings:
     """The profile ``name``; by default ``$MULTIGPU_GRADING_PROFILE``, else ``quick`` under
-    ``MULTIGPU_QUICK=1``, else ``gpu`` when CUDA is present and ``cpu`` otherwise."""
+    ``MULTIGPU_QUICK=1``, else ``gpu`` where each of the profile's workers has a GPU and ``cpu``
+    otherwise (no GPU, or fewer GPUs than workers: :func:`multigpu.devices.for_workers`)."""
     name = name or os.environ.get("MULTIGPU_GRADING_PROFILE") or None
     if name is None:
         from multigpu import devices
@@ -202,7 +203,7 @@ def settings(name: str | None = None) -> Settings:
         if quick():
             name = "quick"
         else:
-            name = devices.detect().mode
+            name = devices.for_workers(GPU.workers).mode
     try:
         return PROFILES[name]
     except KeyError:

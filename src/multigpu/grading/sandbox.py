@@ -121,10 +121,10 @@ def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a sandboxed run: a clean PATH with the venv first, HOME inside the
     sandbox, the package importable, the course's Horovod settings (``launch.horovod_defaults``:
     the same for every submission), the few variables of :data:`PASSED_VARS`, and ``extra``."""
-    from multigpu import launch
+    from multigpu import devices, launch
 
     venv_bin = str(Path(sys.executable).parent)
-    env = launch.horovod_defaults()
+    env = launch.horovod_defaults(True if devices.cpu_forced({**os.environ, **(extra or {})}) else None)
     env.update({k: os.environ[k] for k in PASSED_VARS if k in os.environ})
     env.update({
         "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
