@@ -54,6 +54,33 @@ def test_broken_records_fail_with_advice(breakage, check, advice):
         check(recs)
 
 
+def sampler_records(n: int, size: int, epochs: int = 2) -> list[dict]:
+    """Records whose shards are exactly what torch's DistributedSampler gives each rank."""
+    from torch.utils.data import DistributedSampler
+
+    recs = good_records(size, n)
+    for r in recs:
+        sampler = DistributedSampler(range(n), num_replicas=size, rank=r["rank"], shuffle=True, seed=3)
+        r["shards"] = []
+        for e in range(epochs):
+            sampler.set_epoch(e)
+            r["shards"].append(list(sampler))
+    return recs
+
+
+@pytest.mark.parametrize("n, size", [(10, 4), (9, 2), (4003, 4), (12, 4)])
+def test_a_distributed_sampler_passes_when_the_data_does_not_split_evenly(n, size):
+    record_checks.check_disjoint_shards(sampler_records(n, size))  # it pads with up to size - 1 repeats
+
+
+def test_shards_shared_beyond_the_samplers_padding_fail():
+    recs = sampler_records(10, 4)  # 2 padded repeats allowed
+    recs[1]["shards"][0] = recs[1]["shards"][0][:1] + recs[0]["shards"][0][:2]  # 2 more of rank 0's images
+    with pytest.raises(AssertionError, match=r"^give each rank its own shard .* ranks 0 and 1 both trained on 2 .*"
+                                             r"padding repeats at most 2 of 10"):
+        record_checks.check_disjoint_shards(recs)
+
+
 def test_rank0_checkpoint(tmp_path):
     recs = good_records()
     with pytest.raises(AssertionError, match="no checkpoint"):
