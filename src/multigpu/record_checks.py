@@ -9,8 +9,9 @@ script passes them, whatever it looks like.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,20 @@ def _close(a: float, b: float, rel: float = 1e-6, abs_: float = 1e-6) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
 
 
+def _needs_records(check: Callable[..., None]) -> Callable[..., None]:
+    """A check given no records (``None``: the run above failed) says so instead of a TypeError."""
+
+    @functools.wraps(check)
+    def checked(records: Records | None, *args: Any, **kwargs: Any) -> None:
+        assert records is not None, (
+            "fix the error shown under the cell that ran your script first: it did not finish, so there "
+            "is no record to check")
+        check(records, *args, **kwargs)
+
+    return checked
+
+
+@_needs_records
 def check_world(records: Records, size: int) -> None:
     """One record per rank, ranks 0..size-1, each seeing ``size`` workers (step 1)."""
     assert len(records) == size, f"expected {size} records, got {len(records)}"
@@ -30,6 +45,7 @@ def check_world(records: Records, size: int) -> None:
     assert sizes == {size}, f"every rank should see size {size}, got {sizes}: does init_horovod return hvd.size()?"
 
 
+@_needs_records
 def check_threads(records: Records, cores: int) -> None:
     """CPU mode: the workers of a node share its cores, at least one thread each (step 2)."""
     for r in records:
@@ -42,6 +58,7 @@ def check_threads(records: Records, cores: int) -> None:
         )
 
 
+@_needs_records
 def check_same_start(records: Records) -> None:
     """All ranks start training from the same weights (step 6: broadcast from rank 0)."""
     start = [r["start_checksum"] for r in records]
@@ -51,6 +68,7 @@ def check_same_start(records: Records) -> None:
     )
 
 
+@_needs_records
 def check_same_weights(records: Records) -> None:
     """After training every rank holds the same weights (steps 5 and 6)."""
     check_same_start(records)
@@ -61,6 +79,7 @@ def check_same_weights(records: Records) -> None:
     )
 
 
+@_needs_records
 def check_disjoint_shards(records: Records) -> None:
     """In every epoch the ranks train on disjoint shards that together cover the data set (step 3).
 
@@ -100,6 +119,7 @@ def check_disjoint_shards(records: Records) -> None:
         )
 
 
+@_needs_records
 def check_lr_after_warmup(records: Records, base_lr: float | None = None) -> None:
     """After warm-up the learning rate is ``base_lr x size`` on every rank (step 4)."""
     size = len(records)
@@ -127,6 +147,7 @@ def check_lr_after_warmup(records: Records, base_lr: float | None = None) -> Non
             )
 
 
+@_needs_records
 def check_metrics_averaged(records: Records, names: Sequence[str] = ("train_loss", "val_acc")) -> None:
     """Each reported metric is the mean of the ranks' own values, identical on all ranks (step 7)."""
     size = len(records)
@@ -147,6 +168,7 @@ def check_metrics_averaged(records: Records, names: Sequence[str] = ("train_loss
         assert len(set(spread)) > 1, "all ranks had the same local loss: did each rank train on its own shard?"
 
 
+@_needs_records
 def check_rank0_checkpoint(records: Records, out: str | Path) -> None:
     """Only rank 0 writes the checkpoint, and it is there (step 8)."""
     writers = [r["rank"] for r in records if r["saved_checkpoint"]]
@@ -154,6 +176,7 @@ def check_rank0_checkpoint(records: Records, out: str | Path) -> None:
     assert (Path(out) / "checkpoint.pt").exists(), f"no checkpoint at {Path(out) / 'checkpoint.pt'}"
 
 
+@_needs_records
 def check_all(records: Records, out: str | Path, size: int, cores: int | None = None) -> None:
     """Every check above, in the order of the conversion steps."""
     from multigpu import devices

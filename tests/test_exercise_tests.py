@@ -1,0 +1,115 @@
+"""The notebooks' exercise tests reject the wrong answers a learner is likely to write.
+
+Each case takes a graded test cell of a solution notebook (hidden tests included, as the
+autograder runs it), runs it in a fresh Python process after a few lines that stand in for the
+cells above it and a WRONG answer in place of the exercise cell, and expects it to fail with a
+message that starts with what to change. The same harness runs the solution's own answer and
+expects it to pass, so a test cell that fails everything would show here too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import REPO
+from multigpu import launch
+
+NOTEBOOKS = REPO / "solutions" / "notebooks"
+
+#: Stand-ins for the notebook cells above the exercises (imports, the mode, a single-worker Horovod).
+CONTEXT = {
+    "00-welcome": "",
+    "03-horovod": """
+        import horovod.torch as hvd
+        import torch
+
+        from multigpu import devices, models, training
+
+        info = devices.detect()
+        hvd.init()
+    """,
+}
+
+
+def cell(notebook: str, grade_id: str) -> str:
+    """The source of the cell with this nbgrader id in the solution notebook."""
+    nb = json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())
+    found = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id]
+    assert len(found) == 1, f"{notebook}: no single cell {grade_id!r}"
+    return "".join(found[0]["source"])
+
+
+def run_test_cell(notebook: str, test_id: str, answer: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run ``answer`` then the test cell ``test_id`` of ``notebook`` in a fresh process."""
+    script = tmp_path / "exercise.py"
+    script.write_text("\n".join([textwrap.dedent(CONTEXT[notebook]), textwrap.dedent(answer),
+                                 cell(notebook, test_id)]))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env=launch.worker_env(), cwd=tmp_path)
+
+
+def solution(notebook: str, exercise_id: str) -> str:
+    return cell(notebook, exercise_id)
+
+
+# (notebook, exercise cell, its test cell, a wrong answer, how the failure message must start)
+WRONG = [
+    ("00-welcome", "mean_rank", "test_mean_rank", """
+        def mean_rank():
+            import horovod.torch as hvd
+
+            hvd.init()
+            return (hvd.size() - 1) / 2  # the right number, no all-reduce
+     """, "average with hvd.allreduce"),
+    ("00-welcome", "mean_rank", "test_mean_rank", """
+        def mean_rank():
+            import horovod.torch as hvd
+            import torch
+
+            hvd.init()
+            return hvd.allreduce(torch.tensor([hvd.rank()]), op=hvd.Average, name="mean_rank").item()
+     """, "average a float tensor"),
+    ("03-horovod", "ex4-lr", "test-ex4-lr", """
+        def lr_schedule(base_lr, warmup_epochs):
+            return lambda epoch: base_lr * hvd.size()  # no warm-up: right at one worker
+     """, "grow the rate linearly"),
+    ("03-horovod", "ex4-lr", "test-ex4-lr", """
+        def lr_schedule(base_lr, warmup_epochs):
+            return lambda epoch: base_lr  # not scaled: right at one worker
+     """, "grow the rate linearly"),
+    ("03-horovod", "ex6-broadcast", "test-ex6-broadcast", """
+        def broadcast_state(model, optimizer):
+            pass  # hvd.broadcast_optimizer_state(optimizer, root_rank=0) in a comment
+     """, "broadcast rank 0's weights"),
+    ("03-horovod", "ex6-broadcast", "test-ex6-broadcast", """
+        def broadcast_state(model, optimizer):
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            # hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+     """, "also broadcast the optimizer state"),
+    ("03-horovod", "ex7-average", "test-ex7-average", """
+        def average_metric(value, name):
+            return float(value)  # right at one worker
+     """, "average over the workers"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook, exercise, test_id, answer, fix", WRONG,
+                         ids=[f"{w[0]}:{w[2]}:{i}" for i, w in enumerate(WRONG)])
+def test_a_wrong_answer_fails_with_what_to_change_first(notebook, exercise, test_id, answer, fix, tmp_path):
+    ran = run_test_cell(notebook, test_id, answer, tmp_path)
+    assert ran.returncode != 0, f"the wrong answer passed {test_id}:\n{answer}\n{ran.stdout[-2000:]}"
+    last = ran.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"AssertionError: {fix}"), f"{test_id}: expected a failure starting {fix!r}, got:\n{ran.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook, exercise, test_id", sorted({w[:3] for w in WRONG}))
+def test_the_solutions_answer_passes_the_same_harness(notebook, exercise, test_id, tmp_path):
+    ran = run_test_cell(notebook, test_id, solution(notebook, exercise), tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
