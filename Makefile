@@ -68,7 +68,7 @@ lab-instructor: $(STAMP)
 	    --LabApp.default_url=/lab/tree/solutions
 
 grade-me: $(STAMP)
-	$(BIN)/multigpu grade assessments
+	$(BIN)/multigpu grade assessments --echo
 
 # ---------------------------------------------------------------------------------- checks
 # everything, the browser test included (browser-deps installs Debian's chromium and playwright)
