@@ -9,6 +9,7 @@ expects it to pass, so a test cell that fails everything would show here too.
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import textwrap
 
 import pytest
 
+import test_ring
 from conftest import REPO
 from multigpu import launch
 
@@ -24,6 +26,14 @@ NOTEBOOKS = REPO / "solutions" / "notebooks"
 #: Stand-ins for the notebook cells above the exercises (imports, the mode, a single-worker Horovod).
 CONTEXT = {
     "00-welcome": "",
+    "02b-ring-allreduce": """
+        import torch
+        import torch.distributed as dist
+
+        from multigpu import ring
+
+        CHECK_SIZES = (1, 7, 1001, 4099)
+    """,
     "03-horovod": """
         import horovod.torch as hvd
         import torch
@@ -74,6 +84,9 @@ WRONG = [
             hvd.init()
             return hvd.allreduce(torch.tensor([hvd.rank()]), op=hvd.Average, name="mean_rank").item()
      """, "average a float tensor"),
+    ("02b-ring-allreduce", "ring_allreduce", "test_ring_allreduce",
+     inspect.getsource(test_ring.direct_allreduce) + "\nring_allreduce = direct_allreduce\n",
+     "send only to your right neighbour"),
     ("03-horovod", "ex4-lr", "test-ex4-lr", """
         def lr_schedule(base_lr, warmup_epochs):
             return lambda epoch: base_lr * hvd.size()  # no warm-up: right at one worker

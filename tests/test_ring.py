@@ -98,6 +98,47 @@ def test_a_wrong_sum_is_reported():
     assert not report[2]["correct"]
 
 
+def direct_allreduce(tensor):
+    """Not a ring: each rank sends chunk j straight to rank j and then its own sum to everyone.
+    The right sum and the same 2(N-1)/N bytes per worker as a ring."""
+    import torch
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if n == 1:
+        return 0
+    flat, sent = tensor.view(-1), 0
+    bounds = ring.chunk_bounds(flat.numel(), n)
+    lo, hi = bounds[rank]
+    for phase in ("reduce", "gather"):
+        reqs = []
+        for j in range(n):
+            a, b = bounds[j] if phase == "reduce" else (lo, hi)
+            if j != rank and b > a:
+                reqs.append(dist.isend(flat[a:b].clone(), j))
+                sent += (b - a) * flat.element_size()
+        for j in range(n):
+            a, b = (lo, hi) if phase == "reduce" else bounds[j]
+            if j != rank and b > a:
+                incoming = torch.empty(b - a)
+                dist.recv(incoming, j)
+                if phase == "reduce":
+                    flat[a:b] += incoming
+                else:
+                    flat[a:b] = incoming
+        for req in reqs:
+            req.wait()
+    return sent
+
+
+def test_a_scheme_that_is_not_a_ring_is_caught_by_its_messages_destinations():
+    report = ring.check_allreduce(direct_allreduce, (3, 4), sizes=(7, 1001))
+    for n, r in report.items():
+        assert r["correct"] and r["bytes_ok"] and r["returned_ok"]  # what the old test looked at
+        assert not r["ring_ok"] and r["sent_to"][0] == list(range(1, n))
+    assert all(r["ring_ok"] for r in ring.check_allreduce(ring.ring_allreduce, (3, 4), sizes=(7, 1001)).values())
+
+
 def test_compare_with_gloo_agrees_and_counts_bytes():
     rows = ring.compare_with_gloo((2, 3), sizes=(1000, 2**16), repeats=1)
     assert [(r["workers"], r["numel"]) for r in rows] == [(2, 1000), (2, 2**16), (3, 1000), (3, 2**16)]

@@ -129,14 +129,14 @@ def _tensor_for(rank: int, numel: int, seed: int, dtype: torch.dtype) -> torch.T
 
 
 def _check_phase(
-    rank: int, n: int, fn: Callable[[torch.Tensor], Any], sizes: Sequence[int], seed: int, counted: list[int]
+    rank: int, n: int, fn: Callable[[torch.Tensor], Any], sizes: Sequence[int], seed: int, counted: dict[str, Any]
 ) -> list[dict[str, Any]]:
     results = []
     for numel in sizes:
         mine = _tensor_for(rank, numel, seed, torch.float32)
         expected = sum(_tensor_for(r, numel, seed, torch.float64) for r in range(n))
         x = mine.clone()
-        counted[0] = 0
+        counted.update(bytes=0, messages=0, to=set())
         t0 = time.perf_counter()
         returned = fn(x)
         seconds = time.perf_counter() - t0
@@ -150,7 +150,9 @@ def _check_phase(
                 "nbytes": int(numel) * 4,
                 "max_error": err,
                 "correct": bool(x.shape == mine.shape and err <= 1e-4 * scale),
-                "bytes_counted": int(counted[0]),
+                "bytes_counted": int(counted["bytes"]),
+                "messages": int(counted["messages"]),
+                "sent_to": sorted(counted["to"]),
                 "bytes_returned": None if returned is None else int(returned),
                 "seconds": seconds,
             }
@@ -172,16 +174,21 @@ def _check_worker(
     are counted, and collectives raise. One start-up of the processes serves every N."""
     import os
 
-    counted = [0]
+    counted: dict[str, Any] = {"bytes": 0, "messages": 0, "to": set()}
     real = {name: getattr(dist, name) for name in ("send", "isend", "get_world_size")}
     real_barrier = dist.barrier
 
+    def count(tensor, dst, kwargs) -> None:
+        counted["bytes"] += tensor.numel() * tensor.element_size()
+        counted["messages"] += 1
+        counted["to"].add(dst if dst is not None else kwargs.get("group_dst"))
+
     def send(tensor, dst=None, *args, **kwargs):
-        counted[0] += tensor.numel() * tensor.element_size()
+        count(tensor, dst, kwargs)
         return real["send"](tensor, dst, *args, **kwargs)
 
     def isend(tensor, dst=None, *args, **kwargs):
-        counted[0] += tensor.numel() * tensor.element_size()
+        count(tensor, dst, kwargs)
         return real["isend"](tensor, dst, *args, **kwargs)
 
     def forbidden(name: str):
@@ -230,6 +237,9 @@ def _summary(n: int, rows: list[dict[str, Any]], sizes: Sequence[int]) -> dict[s
         "bytes_ok": worst <= slack,
         "worst_bytes_error": worst,
         "returned_ok": all(r["bytes_returned"] == r["bytes_counted"] for r in rows),
+        # a ring: every message to the right neighbour, at most one per step (empty chunks skipped)
+        "ring_ok": all(set(r["sent_to"]) <= {(r["rank"] + 1) % n} and r["messages"] <= 2 * (n - 1) for r in rows),
+        "sent_to": {r["rank"]: sorted({d for q in rows if q["rank"] == r["rank"] for d in q["sent_to"]}) for r in rows},
         "total_bytes_ok": all(
             sum(r["bytes_counted"] for r in rows if r["numel"] == k) == 2 * (n - 1) * k * 4 for k in sizes
         ),
@@ -253,9 +263,11 @@ def check_allreduce(
     float32 tensor of every size and run ``fn`` (which must use ``dist.get_rank()`` and
     ``dist.get_world_size()``); the result is compared with the exact sum (float64). Returns
     ``{N: {"correct", "max_error", "bytes_ok", "worst_bytes_error", "returned_ok",
-    "total_bytes_ok", "rows"}}``: ``bytes_ok`` says every rank sent ``2(N-1)/N`` of the
-    tensor, counted on the wire (to within two elements per step of rounding for uneven
-    chunks), ``returned_ok`` that the returned counts match what was sent. A worker that
+    "total_bytes_ok", "ring_ok", "sent_to", "rows"}}``: ``bytes_ok`` says every rank sent
+    ``2(N-1)/N`` of the tensor, counted on the wire (to within two elements per step of rounding
+    for uneven chunks), ``returned_ok`` that the returned counts match what was sent, ``ring_ok``
+    that every rank sent only to its right neighbour, at most ``2(N-1)`` messages (``sent_to``:
+    whom each rank sent to). A worker that
     raises or hangs gives :class:`multigpu.launch.WorkerError` (or ``WorkerTimeout``) within
     ``timeout`` seconds.
     """
