@@ -57,16 +57,16 @@ def ps_average_gradients(params: Sequence[torch.Tensor], world_size: int | None 
 
     Workers send their flat gradient to rank 0 and receive the average back. Rank 0 receives
     from every worker (all at once, with ``irecv``), sums, divides by N and sends the result to
-    every worker. Returns ``{"sent": ..., "received": ...}`` bytes for this rank: on rank 0 both
-    are ``(N-1) * B``, on a worker both are ``B``. ``world_size`` (default: all ranks) lets
+    every worker. Returns ``{"sent": ..., "received": ...}``: the sizes of the messages this rank
+    sent and received, added up message by message. ``world_size`` (default: all ranks) lets
     ranks ``0..world_size-1`` work alone while the others wait.
     """
     rank, n = dist.get_rank(), world_size or dist.get_world_size()
     params = [p for p in params if p.grad is not None]
     flat = flat_gradient(params)
-    nbytes = flat.numel() * flat.element_size()
     if n == 1:
         return {"sent": 0, "received": 0}
+    moved = {"sent": 0, "received": 0}
     if rank == 0:
         inbox = [torch.empty_like(flat) for _ in range(n - 1)]
         reqs = [dist.irecv(buf, src) for src, buf in enumerate(inbox, start=1)]
@@ -74,17 +74,23 @@ def ps_average_gradients(params: Sequence[torch.Tensor], world_size: int | None 
             r.wait()
         for buf in inbox:
             flat += buf
+            moved["received"] += _nbytes(buf)
         flat /= n
         reqs = [dist.isend(flat, dst) for dst in range(1, n)]
         for r in reqs:
             r.wait()
-        moved = {"sent": (n - 1) * nbytes, "received": (n - 1) * nbytes}
+            moved["sent"] += _nbytes(flat)
     else:
         dist.send(flat, 0)
+        moved["sent"] += _nbytes(flat)
         dist.recv(flat, 0)
-        moved = {"sent": nbytes, "received": nbytes}
+        moved["received"] += _nbytes(flat)
     set_flat_gradient(params, flat)
     return moved
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _device() -> torch.device:

@@ -355,6 +355,9 @@ def plot_stages(stage_rates: dict[str, float], model_rate: float, ax: Any = None
     ax.bar(names, [min(v, top) for v in values], color=colours)
     ax.axhline(model_rate, color="tab:red", linestyle="--", label=f"model step alone: {model_rate:,.0f} images/s")
     ax.set_yscale("log")
+    # headroom above the tallest bar (a decade and a half on the log scale): the legend and the
+    # value labels sit there instead of on the bars
+    ax.set_ylim(top=max(min(v, top) for v in values + [model_rate]) * 40)
     ax.set_ylabel("images/s (log scale)")
     ax.set_title(title or "Each stage alone vs the model step alone (one core)")
     ax.legend(loc="upper right", fontsize=8)
