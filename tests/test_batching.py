@@ -63,8 +63,8 @@ def test_batches_are_disjoint_and_sized():
 
 def test_summary_reads_a_history():
     h = {"steps": 30, "images_per_s": [100.0, 300.0, 200.0], "val_acc": [0.2, 0.5], "val_loss": [2.0, 1.5],
-         "epoch_time_s": [1.0, 2.5], "lr": [0.1, 0.2]}
+         "train_loss": [2.2, 1.25], "epoch_time_s": [1.0, 2.5], "lr": [0.1, 0.2]}
     s = batching.summary(h, 64)
     assert s["batch_size"] == 64 and s["steps"] == 30 and s["images_per_s"] == 200.0
-    assert s["val_acc"] == 0.5 and s["time_s"] == 3.5 and s["lr"] == 0.2 and s["model"] is None
+    assert s["val_acc"] == 0.5 and s["train_loss"] == 1.25 and s["time_s"] == 3.5 and s["lr"] == 0.2 and s["model"] is None
     assert s["history"]["val_acc"] == [0.2, 0.5]

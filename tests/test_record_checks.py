@@ -50,8 +50,15 @@ def test_good_records_pass_every_check(tmp_path):
 def test_broken_records_fail_with_advice(breakage, check, advice):
     recs = copy.deepcopy(good_records())
     breakage(recs)
-    with pytest.raises(AssertionError, match=advice.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(AssertionError) as failed:
         check(recs)
+    # the advice comes first: nbgrader's Validate shows only the start of a message
+    assert advice in str(failed.value)[:90], str(failed.value)
+
+
+def test_a_run_that_failed_is_named_not_a_type_error():
+    with pytest.raises(AssertionError, match="^fix the error shown under the cell that ran your script first"):
+        record_checks.check_world(None, 2)
 
 
 def sampler_records(n: int, size: int, epochs: int = 2) -> list[dict]:
@@ -83,10 +90,10 @@ def test_shards_shared_beyond_the_samplers_padding_fail():
 
 def test_rank0_checkpoint(tmp_path):
     recs = good_records()
-    with pytest.raises(AssertionError, match="no checkpoint"):
+    with pytest.raises(AssertionError, match="^save the checkpoint with torch.save"):
         record_checks.check_rank0_checkpoint(recs, tmp_path)
     (tmp_path / "checkpoint.pt").write_bytes(b"x")
     record_checks.check_rank0_checkpoint(recs, tmp_path)
     recs[1]["saved_checkpoint"] = True
-    with pytest.raises(AssertionError, match="only rank 0"):
+    with pytest.raises(AssertionError, match="^save on rank 0 only"):
         record_checks.check_rank0_checkpoint(recs, tmp_path)

@@ -79,7 +79,8 @@ def summary(history: Mapping[str, Any], batch_size: int, model: nn.Module | None
     """One row of a batch-size sweep from a :func:`multigpu.training.train` history.
 
     ``images_per_s`` is the median over epochs (robust to one slow epoch on a busy machine),
-    ``val_acc`` the accuracy after the last epoch, ``time_s`` the training time (no evaluation).
+    ``val_acc`` the accuracy after the last epoch, ``train_loss`` the mean training loss of the last
+    epoch (did the model fit its training set: optimisation, beside ``val_acc``'s generalisation), ``time_s`` the training time (no evaluation).
     The full ``history`` (and ``model`` when given) are kept for plots and later measurements.
     """
     return {
@@ -88,6 +89,7 @@ def summary(history: Mapping[str, Any], batch_size: int, model: nn.Module | None
         "images_per_s": float(median(history["images_per_s"])),
         "val_acc": float(history["val_acc"][-1]),
         "val_loss": float(history["val_loss"][-1]),
+        "train_loss": float(history["train_loss"][-1]),  # mean over the last epoch's steps
         "time_s": float(sum(history["epoch_time_s"])),
         "lr": float(history["lr"][-1]),
         "history": dict(history),

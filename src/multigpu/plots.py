@@ -112,13 +112,16 @@ def plot_batch_sweep(
     results: Sequence[Mapping[str, Any]],
     extra: Mapping[str, Mapping[str, Any]] | None = None,
     axes: Any = None,
+    colours: Mapping[str, Any] | None = None,
 ) -> Any:
     """Two panels against batch size: throughput (images/s) and final validation accuracy.
 
     ``results``: one dict per batch size with keys ``batch_size``, ``images_per_s``, ``val_acc``
     (as the Lab 1 sweep records them). ``extra``: label -> such a dict, drawn as single
-    highlighted points (e.g. the large batch re-run with a scaled learning rate).
+    highlighted points (e.g. the large batch re-run with a scaled learning rate). ``colours``:
+    label -> colour, so a series keeps its colour across the panels of a figure.
     """
+    colours = colours or {}
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(11, 4))
     bs = [r["batch_size"] for r in results]
@@ -129,7 +132,8 @@ def plot_batch_sweep(
     axes[1].set_ylabel("validation accuracy (%)")
     axes[1].set_title("accuracy after a fixed number of epochs")
     for label, r in (extra or {}).items():
-        axes[1].plot([r["batch_size"]], [100 * r["val_acc"]], marker="*", markersize=14, linestyle="none", label=label)
+        axes[1].plot([r["batch_size"]], [100 * r["val_acc"]], marker="*", markersize=14, linestyle="none", label=label,
+                     color=colours.get(label))
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size")
@@ -138,13 +142,15 @@ def plot_batch_sweep(
     return axes
 
 
-def plot_histories(histories: Mapping[str, Mapping[str, Any]], key: str = "val_acc", ax: Any = None) -> Any:
-    """One curve per run (label -> history dict from :func:`multigpu.training.train`) of ``key`` per epoch."""
+def plot_histories(histories: Mapping[str, Mapping[str, Any]], key: str = "val_acc", ax: Any = None,
+                   colours: Mapping[str, Any] | None = None) -> Any:
+    """One curve per run (label -> history dict from :func:`multigpu.training.train`) of ``key`` per epoch
+    (``colours``: label -> colour, as in :func:`plot_batch_sweep`)."""
     ax = _axes(ax)
     for label, h in histories.items():
         values = np.asarray(h[key], dtype=float)
         scale = 100 if key.endswith("acc") else 1
-        ax.plot(np.arange(1, len(values) + 1), scale * values, "o-", label=label)
+        ax.plot(np.arange(1, len(values) + 1), scale * values, "o-", label=label, color=(colours or {}).get(label))
     ax.set_xlabel("epoch")
     ax.set_ylabel(key.replace("_", " ") + (" (%)" if key.endswith("acc") else ""))
     ax.grid(alpha=0.3)

@@ -38,11 +38,11 @@ def _needs_records(check: Callable[..., None]) -> Callable[..., None]:
 @_needs_records
 def check_world(records: Records, size: int) -> None:
     """One record per rank, ranks 0..size-1, each seeing ``size`` workers (step 1)."""
-    assert len(records) == size, f"expected {size} records, got {len(records)}"
+    assert len(records) == size, f"run every worker to the end with --record: expected {size} records, got {len(records)}"
     ranks = [r["rank"] for r in records]
-    assert ranks == list(range(size)), f"ranks should be 0..{size - 1}, got {ranks}: does init_horovod return hvd.rank()?"
+    assert ranks == list(range(size)), f"return hvd.rank() from init_horovod: the ranks should be 0..{size - 1}, got {ranks}"
     sizes = {r["size"] for r in records}
-    assert sizes == {size}, f"every rank should see size {size}, got {sizes}: does init_horovod return hvd.size()?"
+    assert sizes == {size}, f"return hvd.size() from init_horovod: every rank should see size {size}, got {sizes}"
 
 
 @_needs_records
@@ -53,8 +53,9 @@ def check_threads(records: Records, cores: int) -> None:
             continue
         fair = max(1, cores // max(1, r["local_size"]))
         assert r["threads"] <= fair, (
+            "set torch.set_num_threads(devices.threads_per_worker(local_size)): "
             f"rank {r['rank']} ran {r['threads']} torch threads; {r['local_size']} workers on {cores} cores "
-            f"should use at most {fair} each: set torch.set_num_threads(devices.threads_per_worker(local_size))"
+            f"should use at most {fair} each"
         )
 
 
@@ -63,8 +64,8 @@ def check_same_start(records: Records) -> None:
     """All ranks start training from the same weights (step 6: broadcast from rank 0)."""
     start = [r["start_checksum"] for r in records]
     assert all(_close(s, start[0]) for s in start), (
-        f"the ranks started from different weights (checksums {start}): broadcast the parameters and "
-        "optimizer state from rank 0 (hvd.broadcast_parameters, hvd.broadcast_optimizer_state)"
+        "broadcast the parameters and optimizer state from rank 0 (hvd.broadcast_parameters, "
+        f"hvd.broadcast_optimizer_state): the ranks started from different weights (checksums {start})"
     )
 
 
@@ -74,8 +75,8 @@ def check_same_weights(records: Records) -> None:
     check_same_start(records)
     final = [r["final_checksum"] for r in records]
     assert all(_close(f, final[0]) for f in final), (
-        f"after training the ranks hold different weights (checksums {final}): each trained alone. "
-        "Wrap the optimizer in hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())"
+        "wrap the optimizer in hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters()): "
+        f"after training the ranks hold different weights (checksums {final}), each trained alone"
     )
 
 
@@ -127,23 +128,23 @@ def check_lr_after_warmup(records: Records, base_lr: float | None = None) -> Non
         base = base_lr if base_lr is not None else r["args"]["base_lr"]
         lr = r["lr_after_warmup"]
         assert _close(lr, base * size, rel=1e-6), (
-            f"rank {r['rank']}: learning rate after warm-up is {lr:.6g}, expected base x size = "
-            f"{base:g} x {size} = {base * size:.6g}: scale it by hvd.size()"
+            f"scale the learning rate by hvd.size(): rank {r['rank']}'s after the warm-up is {lr:.6g}, expected "
+            f"base x size = {base:g} x {size} = {base * size:.6g}"
         )
         warmup = r["args"].get("warmup_epochs", 0) or 0
         if warmup > 0 and r["history"]["lr"]:
             first = r["history"]["lr"][0]
             if r["args"]["epochs"] >= 1 and warmup >= 1 and size > 1:
                 assert first < base * size - 1e-12, (
-                    f"rank {r['rank']}: the learning rate is already {first:.6g} at the end of epoch 1 of a "
-                    f"{warmup:g}-epoch warm-up: grow it linearly from base_lr during the warm-up"
+                    "grow the learning rate linearly from base_lr during the warm-up: "
+                    f"rank {r['rank']}'s is already {first:.6g} at the end of epoch 1 of a {warmup:g}-epoch warm-up"
                 )
         epochs = r["args"]["epochs"]
         if epochs > warmup and r["history"]["lr"]:
             last = r["history"]["lr"][-1]
             assert _close(last, base * size, rel=1e-6), (
-                f"rank {r['rank']}: the optimizer trained with lr {last:.6g} after the warm-up, expected "
-                f"{base * size:.6g}"
+                "set the optimizer's learning rate from the schedule every step: "
+                f"rank {r['rank']} trained with lr {last:.6g} after the warm-up, expected {base * size:.6g}"
             )
 
 
@@ -160,20 +161,21 @@ def check_metrics_averaged(records: Records, names: Sequence[str] = ("train_loss
             for r in records:
                 got = r["history"][name][e]
                 assert got is not None and _close(got, mean, rel=1e-5, abs_=1e-7), (
+                    "average with hvd.allreduce(torch.tensor(value), name=name): "
                     f"rank {r['rank']} reported {name} = {got} in epoch {e + 1}, but the mean over the "
-                    f"{size} ranks is {mean}: average with hvd.allreduce(torch.tensor(value), name=name)"
+                    f"{size} ranks is {mean}"
                 )
     spread = [r["local_metrics"].get("train_loss", [None])[0] for r in records]
     if size > 1 and None not in spread:
-        assert len(set(spread)) > 1, "all ranks had the same local loss: did each rank train on its own shard?"
+        assert len(set(spread)) > 1, "give each rank its own shard (DistributedSampler): all ranks had the same local loss"
 
 
 @_needs_records
 def check_rank0_checkpoint(records: Records, out: str | Path) -> None:
     """Only rank 0 writes the checkpoint, and it is there (step 8)."""
     writers = [r["rank"] for r in records if r["saved_checkpoint"]]
-    assert writers == [0], f"ranks {writers} wrote the checkpoint: only rank 0 should (if hvd.rank() == 0)"
-    assert (Path(out) / "checkpoint.pt").exists(), f"no checkpoint at {Path(out) / 'checkpoint.pt'}"
+    assert writers == [0], f"save on rank 0 only (if hvd.rank() == 0): ranks {writers} wrote the checkpoint"
+    assert (Path(out) / "checkpoint.pt").exists(), f"save the checkpoint with torch.save(..., path) on rank 0: there is none at {Path(out) / 'checkpoint.pt'}"
 
 
 @_needs_records
