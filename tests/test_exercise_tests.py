@@ -26,6 +26,19 @@ NOTEBOOKS = REPO / "solutions" / "notebooks"
 #: Stand-ins for the notebook cells above the exercises (imports, the mode, a single-worker Horovod).
 CONTEXT = {
     "00-welcome": "",
+    "02-alexnet-pipeline": """
+        import torch
+
+        from multigpu import data, devices, models, profiling
+
+        info = devices.detect()
+        torch.set_num_threads(1)
+        BATCH, IMAGE_SIZE = 64, 64
+        DEVICES_FED = info.gpus if info.mode == "gpu" else 4
+        root = data.ensure_dataset(train_per_class=100, val_per_class=10)
+        train_set = data.JPEGFolder(root, data.train_transform(IMAGE_SIZE), split="train")
+        model = models.build_model("alexnet_small", num_classes=len(train_set.classes))
+    """,
     "02b-ring-allreduce": """
         import torch
         import torch.distributed as dist
@@ -84,6 +97,10 @@ WRONG = [
             hvd.init()
             return hvd.allreduce(torch.tensor([hvd.rank()]), op=hvd.Average, name="mean_rank").item()
      """, "average a float tensor"),
+    ("02-alexnet-pipeline", "make_fast_loader", "test_fast_loader_keeps_up", """
+        def make_fast_loader(dataset):
+            return data.make_loader(dataset, batch_size=1, shuffle=True)  # keeps up with a CPU model, one image at a time
+     """, "batch the images"),
     ("02b-ring-allreduce", "ring_allreduce", "test_ring_allreduce",
      inspect.getsource(test_ring.direct_allreduce) + "\nring_allreduce = direct_allreduce\n",
      "send only to your right neighbour"),
