@@ -77,14 +77,8 @@ def make_train_loader(dataset, batch_size: int, seed: int = 0):
 
 def lr_schedule(base_lr: float, warmup_epochs: float):
     """Step 4: learning rate scaled by the number of workers, reached by a linear warm-up."""
-    target = base_lr * hvd.size()  # Horovod: the global batch is size x larger
-
-    def schedule(epoch: float) -> float:
-        if warmup_epochs > 0 and epoch < warmup_epochs:
-            return base_lr + (target - base_lr) * epoch / warmup_epochs
-        return target
-
-    return schedule
+    # Horovod: the global batch is size x larger (Lab 1's rule: schedules.lr_at)
+    return schedules.linear_scaling_schedule(base_lr, hvd.size(), 1, warmup_epochs)
 
 
 def distribute_optimizer(optimizer, model, fp16: bool = False):
