@@ -20,6 +20,7 @@ import psutil
 import pytest
 import torch
 
+from multigpu import launch
 from multigpu.grading import grader, rules, runner, variants
 
 QUICK = rules.QUICK
@@ -146,7 +147,7 @@ def test_a_flood_of_output_is_stopped_and_only_its_tail_is_kept(tmp_path):
     rec = runner.run_untrusted(_script(tmp_path, "while True: print('x' * 1000)\n"), tmp_path / "w",
                             workers=None, timeout=60, max_output_bytes=200_000)
     assert rec.output_exceeded and not rec.timed_out
-    assert rec.output_bytes < 50_000_000 and len(rec.tail) <= runner.TAIL_BYTES
+    assert rec.output_bytes < 50_000_000 and len(rec.tail) <= launch.TAIL_BYTES
 
 
 def test_no_process_of_a_job_outlives_it(tmp_path):

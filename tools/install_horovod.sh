@@ -96,6 +96,6 @@ PTH
 check=$("$venv_bin/horovodrun" --check-build 2>&1) || { echo "$check" >&2; fail "horovodrun --check-build failed"; }
 echo "$check" | sed -n '/Available Frameworks/,$p'
 for need in PyTorch MPI Gloo; do
-  echo "$check" | grep -q "\[X\] $need" || fail "Horovod was built without $need"
+  grep -q "\[X\] $need" <<<"$check" || fail "Horovod was built without $need"  # not `echo | grep -q`: under pipefail grep's early exit can fail the pipe (SIGPIPE)
 done
 say "OK: Horovod $HOROVOD_VERSION with PyTorch, MPI and Gloo ($flavour)"

@@ -32,7 +32,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,10 @@ from multigpu import layout
 MAX_PRINTED_LINES = 2000
 #: Seconds the peers of a crashed worker get to exit on their own before they are killed.
 CRASH_GRACE_S = 3.0
+#: Bytes at the end of a job's output kept as :attr:`JobResult.tail`.
+TAIL_BYTES = 32_000
+#: A line longer than this is cut into pieces (output without newlines must not grow one line for ever).
+MAX_LINE_BYTES = 64_000
 
 
 class WorkerError(RuntimeError):
@@ -58,12 +61,18 @@ class WorkerTimeout(WorkerError):
 
 @dataclass
 class JobResult:
-    """What a finished job left: exit codes, wall time, output lines and per-rank return values."""
+    """What a finished job left: exit codes, wall time, output lines and per-rank return values,
+    and why :func:`supervise` stopped it, if it did."""
 
-    returncodes: list[int]
+    returncodes: list[int | None]
     seconds: float
     output: list[str] = field(default_factory=list)
     values: list[Any] = field(default_factory=list)
+    timed_out: bool = False
+    output_bytes: int = 0  #: bytes the processes wrote (counted up to the moment reading stopped)
+    output_exceeded: bool = False  #: stopped for writing more than ``max_output_bytes``
+    stopped: str = ""  #: the reason ``on_tick`` gave for stopping the job ("" when it did not)
+    tail: str = ""  #: the last :data:`TAIL_BYTES` of the output, as written
 
     @property
     def text(self) -> str:
@@ -182,6 +191,17 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def start(argv: Sequence[str], *, env: dict[str, str], cwd: str | os.PathLike | None = None,
+          cores: set[int] | None = None, capture: bool = True) -> subprocess.Popen:
+    """Start one child process the course's way: in its own session (its whole process group can
+    be killed), no stdin, stdout and stderr merged into one pipe for :func:`supervise` (or
+    discarded without ``capture``), pinned to ``cores`` when given."""
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    return subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=pin)
+
+
 def kill_sessions(procs: Sequence[subprocess.Popen]) -> None:
     """Kill each process's whole session (its children too: horovodrun starts the workers)."""
     for p in procs:
@@ -201,71 +221,142 @@ def supervise(
     procs: list[subprocess.Popen],
     labels: list[str],
     timeout: float,
-    echo: bool,
-    what: str,
+    echo: bool = True,
+    what: str = "job",
+    *,
+    max_output_bytes: int | None = None,
+    max_printed_lines: int | None = None,
+    on_tick: Callable[[float], str] | None = None,
+    tick_s: float = 0.2,
+    kill: Callable[[], Any] | None = None,
+    raise_on_timeout: bool = True,
 ) -> JobResult:
-    """Stream the processes' output, stop everything on the first crash or at the deadline."""
-    lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
+    """The one watcher of child processes: stream their output and stop them all when one of
+    these comes first:
+
+    - ``timeout`` seconds have passed (:class:`WorkerTimeout`, or ``timed_out`` in the result
+      with ``raise_on_timeout=False``);
+    - one exited with an error :data:`CRASH_GRACE_S` ago (its peers would wait for it forever in
+      a collective);
+    - together they wrote more than ``max_output_bytes`` (reading stops at once: ``output_exceeded``);
+    - ``on_tick(elapsed_s)``, asked every ``tick_s``, returned a reason (kept as ``stopped``).
+
+    Output is read in chunks (a line longer than :data:`MAX_LINE_BYTES` is cut), each line
+    prefixed with its process's label when there are several, and echoed live up to
+    ``max_printed_lines`` (default :data:`MAX_PRINTED_LINES`). Stopping calls ``kill()`` (default :func:`kill_sessions`); it is also
+    called when the job ends by itself and on any exception (Ctrl-C in a notebook), so whatever
+    the processes left running goes with them.
+    """
+    events: queue.Queue[tuple[int, str | None]] = queue.Queue()
+    lock = threading.Lock()
+    counted = {"bytes": 0, "exceeded": False}
+    tail = bytearray()
 
     def pump(i: int, stream) -> None:
-        for raw in iter(stream.readline, b""):
-            lines.put((i, raw.decode(errors="replace").rstrip("\n")))
-        lines.put((i, None))
+        partial = b""
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            with lock:
+                counted["bytes"] += len(chunk)
+                tail.extend(chunk)
+                if len(tail) > 2 * TAIL_BYTES:
+                    del tail[: len(tail) - TAIL_BYTES]
+                if max_output_bytes is not None and counted["bytes"] > max_output_bytes:
+                    counted["exceeded"] = True
+            *lines, partial = (partial + chunk).split(b"\n")
+            if len(partial) > MAX_LINE_BYTES:
+                lines, partial = [*lines, partial], b""
+            for raw in lines:
+                events.put((i, raw.decode(errors="replace")))
+            if counted["exceeded"]:
+                return  # the job is being stopped: read no more
+        if partial:
+            events.put((i, partial.decode(errors="replace")))
+        events.put((i, None))
 
-    readers = [threading.Thread(target=pump, args=(i, p.stdout), daemon=True) for i, p in enumerate(procs)]
+    readers = [threading.Thread(target=pump, args=(i, p.stdout), daemon=True) for i, p in enumerate(procs)
+               if p.stdout is not None]
     for t in readers:
         t.start()
-
-    start = time.monotonic()
-    deadline = start + timeout
+    stop = kill or (lambda: kill_sessions(procs))
+    began = last_tick = time.monotonic()
     output: list[str] = []
-    tails = [deque(maxlen=40) for _ in procs]
     printed = 0
-    open_streams = len(procs)
+    limit = MAX_PRINTED_LINES if max_printed_lines is None else max_printed_lines
+
+    def take(i: int, line: str) -> None:
+        nonlocal printed
+        text = f"[{labels[i]}] {line}" if len(procs) > 1 else line
+        output.append(text)
+        if echo and printed < limit:
+            print(text, flush=True)
+            printed += 1
+            if printed == limit:
+                print(f"... more output than {limit} lines: the rest is not shown", flush=True)
+
+    open_streams = len(readers)
     first_failure: int | None = None
     failure_time = 0.0
+    timed_out, stopped = False, ""
     try:
         while True:
             now = time.monotonic()
-            if now > deadline:
-                kill_sessions(procs)
-                running = [labels[i] for i, p in enumerate(procs) if p.returncode in (None, -signal.SIGKILL)]
-                tail = "\n".join(output[-20:])
-                raise WorkerTimeout(
-                    f"{what} ran past its time limit of {timeout:.0f} s and was killed "
-                    f"(still running: {', '.join(running) or 'none'}). A worker may be waiting in a "
-                    f"collective that another never joined, or looping. Last output:\n{tail}"
-                )
+            if now - began > timeout:
+                timed_out = True
+                break
             try:
-                i, line = lines.get(timeout=0.1)
+                i, line = events.get(timeout=0.05)
                 if line is None:
                     open_streams -= 1
                 else:
-                    text = f"[{labels[i]}] {line}" if len(procs) > 1 else line
-                    output.append(text)
-                    tails[i].append(line)
-                    if echo and printed < MAX_PRINTED_LINES:
-                        print(text, flush=True)
-                        printed += 1
-                        if printed == MAX_PRINTED_LINES:
-                            print(f"... more output than {MAX_PRINTED_LINES} lines: the rest is not shown", flush=True)
+                    take(i, line)
             except queue.Empty:
                 pass
+            if counted["exceeded"]:
+                break
             codes = [p.poll() for p in procs]
             if first_failure is None:
                 bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
                 if bad:
                     first_failure, failure_time = bad[0], time.monotonic()
-            if first_failure is not None and time.monotonic() - failure_time > CRASH_GRACE_S:
-                kill_sessions(procs)
-            if all(c is not None for c in codes) and (open_streams == 0 or first_failure is not None):
+            if first_failure is not None and None in codes and time.monotonic() - failure_time > CRASH_GRACE_S:
+                stop()
+            if on_tick is not None and now - last_tick >= tick_s:
+                last_tick = now
+                stopped = on_tick(now - began) or ""
+                if stopped:
+                    break
+            if None not in codes and (open_streams == 0 or first_failure is not None):
                 break
     except BaseException:
-        kill_sessions(procs)  # KeyboardInterrupt in a notebook must not leave orphans behind
+        stop()  # KeyboardInterrupt in a notebook must not leave orphans behind
         raise
+    stop()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process in uninterruptible sleep
+            pass
     for t in readers:
-        t.join(timeout=1)
-    return JobResult([p.returncode for p in procs], time.monotonic() - start, output)
+        t.join(timeout=2)
+    while not counted["exceeded"]:  # lines still queued when the job ended
+        try:
+            i, line = events.get_nowait()
+        except queue.Empty:
+            break
+        if line is not None:
+            take(i, line)
+    with lock:
+        result = JobResult([p.returncode for p in procs], time.monotonic() - began, output, timed_out=timed_out,
+                           output_bytes=counted["bytes"], output_exceeded=counted["exceeded"] and not timed_out,
+                           stopped=stopped, tail=bytes(tail[-TAIL_BYTES:]).decode(errors="replace"))
+    if timed_out and raise_on_timeout:
+        running = [labels[i] for i, p in enumerate(procs) if p.returncode in (None, -signal.SIGKILL)]
+        raise WorkerTimeout(
+            f"{what} ran past its time limit of {timeout:.0f} s and was killed "
+            f"(still running: {', '.join(running) or 'none'}). A worker may be waiting in a "
+            f"collective that another never joined, or looping. Last output:\n" + "\n".join(output[-20:])
+        )
+    return result
 
 
 def _read_values(outdir: Path, n: int, labels: list[str], result: JobResult, what: str) -> list[Any]:
@@ -347,16 +438,7 @@ def run(
                 MULTIGPU_THREADS=str(threads),
                 MULTIGPU_TIMEOUT=str(int(timeout)),
             )
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "multigpu._worker", "run", str(job), str(outdir)],
-                    env=rank_env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            )
+            procs.append(start([sys.executable, "-m", "multigpu._worker", "run", str(job), str(outdir)], env=rank_env))
         labels = [f"rank {r}" for r in range(nprocs)]
         what = f"job of {nprocs} worker(s)"
         result = supervise(procs, labels, timeout, echo, what)
@@ -401,9 +483,7 @@ def run_command(
     in its own session with :func:`worker_env`, supervised like :func:`run`'s workers: live
     output prefixed with nothing, the time limit, the whole session killed at the end. With
     ``check`` a non-zero exit raises :class:`WorkerError` with the output tail."""
-    proc = subprocess.Popen(list(argv), env=worker_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    result = supervise([proc], [label], timeout, echo, what)
+    result = supervise([start(argv, env=worker_env(env))], [label], timeout, echo, what)
     if check and result.returncodes[0] != 0:
         raise WorkerError(exit_message(what, result.returncodes[0], result.output))
     return result

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -184,18 +183,12 @@ def _concurrent_images_per_s(args: Sequence[str], cores: Sequence[int], tmp: Pat
         out = tmp / f"concurrent-{i}"
         out.mkdir(parents=True, exist_ok=True)
         outs.append(out)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", hvdtools.REFERENCE_MODULE, *args, "--record", "--out", str(out)],
-            env=launch.worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-            preexec_fn=lambda core=core: os.sched_setaffinity(0, {core})))
-    try:
-        codes = [p.wait(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    if any(codes):
-        raise RuntimeError(f"a concurrent one-worker run failed (exit codes {codes})")
+        procs.append(launch.start([sys.executable, "-m", hvdtools.REFERENCE_MODULE, *args, "--record", "--out", str(out)],
+                                  env=launch.worker_env(), cores={core}))
+    job = launch.supervise(procs, [f"core {c}" for c in cores], 300, echo=False, what="concurrent one-worker runs")
+    if any(job.returncodes):
+        raise RuntimeError(f"a concurrent one-worker run failed (exit codes {job.returncodes}): "
+                           + launch.worker_errors(job.output))
     return sum(run_records.throughput(run_records.read_records(out, 1)) for out in outs)
 
 

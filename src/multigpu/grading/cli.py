@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from multigpu.grading.rules import Settings
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
@@ -85,25 +90,10 @@ def cmd_certify(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    """Grade the reference N times and each broken variant M times; print the pass counts."""
-    from multigpu.grading import grader, rules, variants
+def _grade_all(jobs: list[tuple[str, Path]], settings: Settings, args: argparse.Namespace) -> dict[str, list[dict]]:
+    """Grade every job in turn (sandboxed), print one line each; the rows per variant."""
+    from multigpu.grading import grader
 
-    settings = rules.settings(args.profile)
-    made = Path(tempfile.mkdtemp(prefix="multigpu-variants-"))
-    # the cheats and broken conversions; the failure cases (crash, hang, ...) are the tests'
-    broken = [(v, variants.write(v, grader.REFERENCE, made / f"{v}.py")) for v in variants.CALIBRATED]
-    if args.only:
-        broken = [(v, p) for v, p in broken if v in args.only]
-    jobs = [("reference", grader.REFERENCE)] * args.reference
-    for _ in range(args.broken):
-        jobs += broken  # interleaved, a slow minute hits all
-    hog = None
-    if args.busy:  # another CPU-heavy job on the machine: the verdicts must not flip
-        import subprocess
-
-        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        print(f"a CPU-heavy job runs beside the gradings (pid {hog.pid})", flush=True)
     print(settings.describe())
     print(f"{len(jobs)} gradings: the reference x{args.reference}, each broken variant x{args.broken}", flush=True)
     rows: dict[str, list[dict]] = {}
@@ -119,8 +109,33 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"[{i}/{len(jobs)}] {name}: {r.score}/{r.max_score} {'PASS' if r.passed else 'fail'} "
               f"(accuracy held {m.get('accuracy_held')}, efficiency {m.get('efficiency')}; failed: "
               f"{', '.join(failed) or '-'}; {time.monotonic() - start:.0f} s)", flush=True)
-    if hog is not None:
-        hog.kill()
+    return rows
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Grade the reference N times and each broken variant M times; print the pass counts."""
+    from multigpu.grading import grader, rules, variants
+
+    settings = rules.settings(args.profile)
+    made = Path(tempfile.mkdtemp(prefix="multigpu-variants-"))
+    # the cheats and broken conversions; the failure cases (crash, hang, ...) are the tests'
+    broken = [(v, variants.write(v, grader.REFERENCE, made / f"{v}.py")) for v in variants.CALIBRATED]
+    if args.only:
+        broken = [(v, p) for v, p in broken if v in args.only]
+    jobs = [("reference", grader.REFERENCE)] * args.reference
+    for _ in range(args.broken):
+        jobs += broken  # interleaved, a slow minute hits all
+    hog = None
+    if args.busy:  # another CPU-heavy job on the machine: the verdicts must not flip
+        from multigpu import launch
+
+        hog = launch.start([sys.executable, "-c", "while True: pass"], env=dict(os.environ), capture=False)
+        print(f"a CPU-heavy job runs beside the gradings (pid {hog.pid})", flush=True)
+    try:
+        rows = _grade_all(jobs, settings, args)
+    finally:
+        if hog is not None:
+            launch.kill_sessions([hog])
     print("\nvariant                   passes   expected  efficiency (min-max)   accuracy held (min-max)")
     ok = True
     for name, rs in rows.items():

@@ -1,11 +1,12 @@
 """Run an untrusted training script with hard bounds, and watch its checkpoints from outside.
 
 :func:`run_untrusted` starts ``python script`` (or ``horovodrun -np N -H localhost:N python script``)
-in its own session and guarantees, whatever the script does:
+in its own session, watched by :func:`multigpu.launch.supervise` (the course's one supervisor; the
+checks below are its per-tick callback and its kill), and guarantees, whatever the script does:
 
 - it is killed at ``timeout`` seconds (``timed_out``);
 - it is killed once it has printed ``max_output_bytes`` (``output_exceeded``); only the last
-  :data:`TAIL_BYTES` are kept, for the error message;
+  ``launch.TAIL_BYTES`` are kept, for the error message;
 - no process it started outlives it: its process tree is tracked while it runs, and every
   process that carries the job's token in its environment (even one that left the session with
   ``setsid``) is killed when the job ends;
@@ -22,9 +23,7 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -33,8 +32,6 @@ from pathlib import Path
 
 import psutil
 
-#: Bytes of output kept for messages (the end of it).
-TAIL_BYTES = 32_000
 #: Lines echoed live at most (the rest is counted, not shown).
 MAX_ECHO_LINES = 400
 #: How often the checkpoint folder is polled (seconds).
@@ -189,79 +186,38 @@ def run_untrusted(
         popen_env, argv = _python_env(env, token), command
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
     start = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=workdir, env=popen_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-
-    state = {"bytes": 0, "exceeded": False, "echoed": 0}
-    tail = bytearray()
-    lock = threading.Lock()
-
-    def pump() -> None:
-        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
-            with lock:
-                state["bytes"] += len(chunk)
-                tail.extend(chunk)
-                if len(tail) > 4 * TAIL_BYTES:
-                    del tail[: len(tail) - TAIL_BYTES]
-                if state["bytes"] > max_output_bytes:
-                    state["exceeded"] = True
-            if echo and state["echoed"] < MAX_ECHO_LINES:
-                text = chunk.decode(errors="replace")
-                sys.stdout.write(text if text.endswith("\n") else text + "\n")
-                sys.stdout.flush()
-                state["echoed"] += text.count("\n") or 1
-                if state["echoed"] >= MAX_ECHO_LINES:
-                    print(f"... more than {MAX_ECHO_LINES} lines of output: the rest is not shown", flush=True)
-            if state["exceeded"]:
-                break
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
+    proc = launch.start(argv, env=popen_env, cwd=workdir)
     seen: dict[tuple[int, int], float] = {}
     known: set[int] = set()
-    timed_out = memory_exceeded = False
-    stopped = ""
-    peak = 0
-    try:
-        while proc.poll() is None:
-            elapsed = time.monotonic() - start
-            if elapsed > timeout:
-                timed_out = True
-                break
-            if state["exceeded"]:
-                break
-            alive = _descendants(proc.pid)
-            known |= alive
-            used = _memory(alive | {proc.pid})
-            peak = max(peak, used)
-            if max_memory_bytes is not None and used > max_memory_bytes:
-                memory_exceeded = True
-                break
-            _scan(ckpt, start, seen)
-            if stop_if is not None:
-                stopped = stop_if(dict(seen), time.monotonic() - start) or ""
-                if stopped:
-                    break
-            time.sleep(POLL_S)
-    finally:
+    watch = {"peak": 0, "memory_exceeded": False}
+
+    def tick(elapsed: float) -> str:
+        """Every POLL_S: the job's memory, the checkpoints written so far, the stop rule."""
+        alive = _descendants(proc.pid)
+        known.update(alive)
+        used = _memory(alive | {proc.pid})
+        watch["peak"] = max(watch["peak"], used)
+        if max_memory_bytes is not None and used > max_memory_bytes:
+            watch["memory_exceeded"] = True
+            return "too much memory"
         _scan(ckpt, start, seen)
-        kill_job(proc.pid, token, known)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - uninterruptible sleep
-            pass
-        reader.join(timeout=2)
+        if stop_if is None:
+            return ""
+        return stop_if(dict(seen), elapsed) or ""
+
+    job = launch.supervise([proc], ["run"], timeout, echo, " ".join(command[:5]), max_output_bytes=max_output_bytes,
+                           max_printed_lines=MAX_ECHO_LINES, on_tick=tick, tick_s=POLL_S,
+                           kill=lambda: kill_job(proc.pid, token, known), raise_on_timeout=False)
+    _scan(ckpt, start, seen)
     wall = time.monotonic() - start
     epoch_times: dict[int, float] = {}
     for (_, epoch), t in seen.items():
         epoch_times[epoch] = max(t, epoch_times.get(epoch, 0.0))
-    with lock:
-        text = bytes(tail[-TAIL_BYTES:]).decode(errors="replace")
-        record = RunRecord(command=command, returncode=proc.returncode, wall_s=wall, timed_out=timed_out,
-                           output_exceeded=state["exceeded"] and not timed_out, output_bytes=state["bytes"],
-                           tail=text[-TAIL_BYTES:], checkpoint_times=dict(seen), epoch_times=epoch_times,
-                           memory_exceeded=memory_exceeded, peak_memory_bytes=peak,
-                           sandboxed=sandbox is not None, stopped_early=stopped)
+    record = RunRecord(command=command, returncode=proc.returncode, wall_s=wall, timed_out=job.timed_out,
+                       output_exceeded=job.output_exceeded, output_bytes=job.output_bytes, tail=job.tail,
+                       checkpoint_times=dict(seen), epoch_times=epoch_times,
+                       memory_exceeded=watch["memory_exceeded"], peak_memory_bytes=watch["peak"],
+                       sandboxed=sandbox is not None, stopped_early="" if watch["memory_exceeded"] else job.stopped)
     if log is not None:
         how = ("timed out" if record.timed_out else "stopped: too much output" if record.output_exceeded
                else "stopped: too much memory" if record.memory_exceeded
