@@ -18,10 +18,10 @@ the gradient of its batch, then the gradients are averaged across devices.
   (2/3 of compute) behind communication, as Horovod and DDP do.
 
 Link and model presets are round figures for orders of magnitude, not benchmarks: the lesson is
-in the shapes of the curves. With the defaults the model reproduces the published pattern from
-8 to 256 GPUs: ResNet-152 keeps about 95% -> 90% efficiency while AlexNet falls from the 70s to
-about 50%: both have ~60M parameters, but ResNet-152 does 16x more arithmetic per image to
-hide the same communication.
+in the shapes of the curves. The published points drawn beside them (:data:`PUBLISHED`, from 8 to
+256 GPUs: ResNet-152 about 95% -> 90%, AlexNet 78% -> 53%; both ~60M parameters, ResNet-152 16x
+the arithmetic per image) were measured on other hardware with another algorithm
+(:data:`PUBLISHED_SOURCE`), so curves near them show the same shape, not a validated model.
 """
 
 from __future__ import annotations
@@ -100,8 +100,10 @@ GPU_FLOPS = 6e12
 
 ALGORITHMS = ("ring", "ps")
 
-#: Published weak-scaling efficiencies (8 -> 256 GPUs) that the model should reproduce in shape.
+#: Published weak-scaling efficiencies (8 -> 256 GPUs) whose shape the presets' curves show.
 PUBLISHED = {"ResNet-152": {8: 0.95, 256: 0.90}, "AlexNet": {8: 0.78, 256: 0.53}}
+#: Where :data:`PUBLISHED` comes from: not the presets' hardware nor the ring.
+PUBLISHED_SOURCE = "MXNet, sharded parameter server (KVStore), K80 GPUs on AWS p2.16xlarge, <= 25 Gb/s"
 
 
 def _link(link: Link | str) -> Link:
@@ -263,7 +265,7 @@ def plot_efficiency(
         if published and key in PUBLISHED:
             pts = PUBLISHED[key]
             ax.plot(list(pts), list(pts.values()), "x", ms=10, mew=2, color=line.get_color(),
-                    label=f"{spec.name} (published)")
+                    label=f"{spec.name} (published: MXNet sharded PS on K80s)")
     ax.set_xscale("log", base=2)
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("workers (GPUs)")
