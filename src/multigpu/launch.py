@@ -230,6 +230,7 @@ def supervise(
     tick_s: float = 0.2,
     kill: Callable[[], Any] | None = None,
     raise_on_timeout: bool = True,
+    wait_for_output: bool = True,
 ) -> JobResult:
     """The one watcher of child processes: stream their output and stop them all when one of
     these comes first:
@@ -245,7 +246,10 @@ def supervise(
     prefixed with its process's label when there are several, and echoed live up to
     ``max_printed_lines`` (default :data:`MAX_PRINTED_LINES`). Stopping calls ``kill()`` (default :func:`kill_sessions`); it is also
     called when the job ends by itself and on any exception (Ctrl-C in a notebook), so whatever
-    the processes left running goes with them.
+    the processes left running goes with them. The job has ended when every process has exited
+    and, with ``wait_for_output``, their output has been read to its end; without it (untrusted
+    code: a daemon it started may hold the pipe open) the exit alone ends it, and what the pipe
+    still holds is read after the kill.
     """
     events: queue.Queue[tuple[int, str | None]] = queue.Queue()
     lock = threading.Lock()
@@ -325,7 +329,7 @@ def supervise(
                 stopped = on_tick(now - began) or ""
                 if stopped:
                     break
-            if None not in codes and (open_streams == 0 or first_failure is not None):
+            if None not in codes and (open_streams == 0 or first_failure is not None or not wait_for_output):
                 break
     except BaseException:
         stop()  # KeyboardInterrupt in a notebook must not leave orphans behind

@@ -207,7 +207,8 @@ def run_untrusted(
 
     job = launch.supervise([proc], ["run"], timeout, echo, " ".join(command[:5]), max_output_bytes=max_output_bytes,
                            max_printed_lines=MAX_ECHO_LINES, on_tick=tick, tick_s=POLL_S,
-                           kill=lambda: kill_job(proc.pid, token, known), raise_on_timeout=False)
+                           kill=lambda: kill_job(proc.pid, token, known), raise_on_timeout=False,
+                           wait_for_output=False)  # a daemon the script left may hold the pipe open
     _scan(ckpt, start, seen)
     wall = time.monotonic() - start
     epoch_times: dict[int, float] = {}
