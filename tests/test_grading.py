@@ -143,21 +143,6 @@ def test_a_hanging_script_is_killed_at_its_time_limit(tmp_path):
     assert rec.timed_out and not rec.ok and time.monotonic() - t < 20
 
 
-def test_a_daemon_that_holds_the_output_pipe_does_not_hold_the_grading(tmp_path):
-    """Unsandboxed (bubblewrap missing): a script that leaves a daemon with its stdout and exits 0
-    ends its run when it exits; the daemon is killed by the job's token."""
-    marker = uuid.uuid4().hex
-    body = ("import os, subprocess, sys\n"
-            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{marker}'], start_new_session=True)\n"
-            "print('done', flush=True)\n")
-    start = time.monotonic()
-    rec = runner.run_untrusted(_script(tmp_path, body), tmp_path / "w", workers=None, timeout=60, max_output_bytes=10_000)
-    assert rec.returncode == 0 and not rec.timed_out and "done" in rec.tail, rec
-    assert time.monotonic() - start < 20
-    time.sleep(0.5)
-    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
-
-
 def test_a_flood_of_output_is_stopped_and_only_its_tail_is_kept(tmp_path):
     rec = runner.run_untrusted(_script(tmp_path, "while True: print('x' * 1000)\n"), tmp_path / "w",
                             workers=None, timeout=60, max_output_bytes=200_000)
@@ -166,12 +151,15 @@ def test_a_flood_of_output_is_stopped_and_only_its_tail_is_kept(tmp_path):
 
 
 def test_no_process_of_a_job_outlives_it(tmp_path):
+    """Unsandboxed: a script that leaves a process behind (holding its stdout) and exits 0 ends its run
+    when it exits, and the process is killed by the job's token."""
     marker = uuid.uuid4().hex
     body = (f"import subprocess, sys\n"
             f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{marker}'], start_new_session=True)\n"
             f"print('left a process behind')\n")
     rec = runner.run_untrusted(_script(tmp_path, body), tmp_path / "w", workers=None, timeout=30, max_output_bytes=10_000)
     assert rec.returncode == 0 and "left a process" in rec.tail
+    assert not rec.timed_out and rec.wall_s < 15, f"the run waited for the process it left: {rec.wall_s:.0f} s"
     time.sleep(0.5)
     alive = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert not alive, f"a job's process survived its grading: {alive}"
