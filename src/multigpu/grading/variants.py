@@ -83,6 +83,7 @@ IMPORT = "import horovod.torch as hvd  # Horovod: the PyTorch binding\n"
 INIT = ("    hvd.init()  # Horovod: connect to the other workers\n"
         "    rank, workers = hvd.rank(), hvd.size()  # Horovod\n"
         "    device = devices.worker_device(hvd.local_rank())  # Horovod: one GPU per worker (CPU mode: the CPU)\n")
+MAIN = 'if __name__ == "__main__":\n    main()'
 RANKS = "rank, workers = hvd.rank(), hvd.size()"
 THREADS = "devices.threads_per_worker(hvd.local_size())"
 PIN = "devices.pin_worker(hvd.local_rank(), hvd.local_size())"
@@ -164,6 +165,9 @@ EDITS: dict[str, dict[str, str]] = {
         FORWARD: "loss_fn(ddp(images), labels)",
         VAL_COUNTS: ("    counts = torch.tensor([correct, total], dtype=torch.float64, device=device)\n"
                      "    dist.all_reduce(counts)  # a sum over the workers\n"),
+        MAIN: (MAIN + "\n"
+               "    dist.barrier()  # every worker is done before any tears down (else: 'terminate called')\n"
+               "    dist.destroy_process_group()"),
     },
     # failure cases: the grader must survive them
     "crash": {
