@@ -1,4 +1,4 @@
-"""multigpu.bench (`make bench`): figures with spreads, interleaving, tables with targets, the run."""
+"""multigpu.course.bench (`make bench`): figures with spreads, interleaving, tables with targets, the run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from multigpu import bench, data, devices
+from multigpu import data, devices
+from multigpu.course import bench
 
 
 def test_spread_is_median_and_range():

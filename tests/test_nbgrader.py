@@ -60,7 +60,7 @@ def nbgrader(course, *args, timeout=3600):
 
 @pytest.fixture(scope="module")
 def graded_course(tmp_path_factory):
-    from multigpu.release import install_starter, present_assignments
+    from multigpu.course.release import install_starter, present_assignments
 
     course = tmp_path_factory.mktemp("course")
     shutil.copytree(REPO / "solutions", course / "solutions",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from conftest import REPO
-from multigpu import notebook_hygiene, release
+from multigpu.course import hygiene, release
 
 
 def test_learner_copies_match_a_fresh_release():
@@ -14,13 +14,13 @@ def test_learner_copies_match_a_fresh_release():
 
 
 def test_every_course_notebook_is_committed_clean():
-    dirty = [str(p.relative_to(REPO)) for p in notebook_hygiene.course_notebooks(REPO)
-             if notebook_hygiene.clean(p, check=True)]
+    dirty = [str(p.relative_to(REPO)) for p in hygiene.course_notebooks(REPO)
+             if hygiene.clean(p, check=True)]
     assert not dirty, f"run 'make clean-notebooks': {dirty}"
 
 
 def test_learner_copies_hold_no_solutions_or_hidden_tests():
-    for nb_path in notebook_hygiene.course_notebooks(REPO):
+    for nb_path in hygiene.course_notebooks(REPO):
         if nb_path.parts[len(REPO.parts)] == "solutions":
             continue
         text = nb_path.read_text()
@@ -52,11 +52,11 @@ def test_clean_strips_outputs_and_volatile_metadata(tmp_path):
     }
     path = tmp_path / "n.ipynb"
     path.write_text(json.dumps(nb))
-    assert notebook_hygiene.clean(path, check=True) is True
+    assert hygiene.clean(path, check=True) is True
     assert json.loads(path.read_text()) == nb, "check mode must not change the file"
-    assert notebook_hygiene.clean(path) is True
+    assert hygiene.clean(path) is True
     cell = json.loads(path.read_text())["cells"][0]
     assert cell["outputs"] == [] and cell["execution_count"] is None
     assert cell["metadata"] == {"nbgrader": {"grade": False}, "tags": ["parameters"]}
     assert "papermill" not in json.loads(path.read_text())["metadata"]
-    assert notebook_hygiene.clean(path, check=True) is False
+    assert hygiene.clean(path, check=True) is False

@@ -20,9 +20,9 @@ Lab 3 (Horovod)        ``hvdtools`` (CPU-mode waits, composing the learner's scr
                        ``scripts.common``)
 the assessment         ``grading`` (rules, the sandboxed runner, the grader, the official
                        grading, certificates, broken variants)
-course tooling         ``layout`` (where the course's folders are), ``release`` (learner
-                       copies, gradebook, collect), ``notebook_hygiene`` (clean
-                       notebooks), ``bench`` (``make bench``), ``cli`` (the one
+course tooling         ``course``: ``layout`` (where the course's folders are),
+                       ``release`` (learner copies, gradebook, collect), ``hygiene``
+                       (clean notebooks), ``bench`` (``make bench``); ``cli`` (the one
                        ``multigpu <verb>`` command)
 =====================  ==================================================================
 """

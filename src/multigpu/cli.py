@@ -4,8 +4,8 @@
     multigpu data [--root DIR]    generate (once) the course's JPEG data set and say where it is
     multigpu clean-notebooks      strip outputs and volatile metadata from the course notebooks
     multigpu release [--check | --gradebook | --collect PATH | --assignments]
-                                  learner copies, gradebook, collected submissions (multigpu.release)
-    multigpu bench [ARGS]         performance figures against their targets (multigpu.bench)
+                                  learner copies, gradebook, collected submissions (multigpu.course.release)
+    multigpu bench [ARGS]         performance figures against their targets (multigpu.course.bench)
     multigpu grade / certify / keygen / verify / calibrate   (the assessment, see README.md)
 """
 
@@ -47,10 +47,10 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from multigpu import notebook_hygiene
+    from multigpu.course import hygiene
 
-    paths = [Path(p) for p in args.paths] or notebook_hygiene.course_notebooks(Path.cwd())
-    changed = [p for p in paths if notebook_hygiene.clean(p, check=args.check)]
+    paths = [Path(p) for p in args.paths] or hygiene.course_notebooks(Path.cwd())
+    changed = [p for p in paths if hygiene.clean(p, check=args.check)]
     verb = "not clean" if args.check else "cleaned"
     for p in changed:
         print(f"{verb}: {p}")
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: ``multigpu VERB ARGS``: the module whose ``main(ARGS)`` runs the verb.
-DELEGATED = {"release": "multigpu.release", "bench": "multigpu.bench"}
+DELEGATED = {"release": "multigpu.course.release", "bench": "multigpu.course.bench"}
 
 
 def main(argv: list[str] | None = None) -> int:

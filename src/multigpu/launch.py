@@ -39,7 +39,7 @@ from typing import Any
 
 import cloudpickle
 
-from multigpu import layout
+from multigpu.course import layout
 
 #: Lines of output printed per job before the rest is dropped (the tail is still kept for errors).
 MAX_PRINTED_LINES = 2000

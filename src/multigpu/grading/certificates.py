@@ -31,7 +31,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from multigpu import layout
+from multigpu.course import layout
 
 COURSE = "Training Deep Learning Models on Multiple GPUs"
 FORMAT = "multigpu-certificate/1"

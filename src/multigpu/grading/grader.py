@@ -45,7 +45,8 @@ from typing import Any
 
 import torch
 
-from multigpu import data, devices, layout, models, timeline, training
+from multigpu import data, devices, models, timeline, training
+from multigpu.course import layout
 from multigpu.grading import rules, runner
 from multigpu.grading.rules import RESULT_FILE, Settings
 

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from multigpu import layout
+from multigpu.course import layout
 
 #: HOME inside the sandbox (on its private /tmp).
 HOME = "/tmp/home"

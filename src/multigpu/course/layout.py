@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import multigpu
+
 #: The instructor's sources, released by nbgrader.
 SOLUTIONS = "solutions"
 #: The nbgrader assignment of the labs (Labs 0-4) and of the assessment.
@@ -26,7 +28,7 @@ GRADING = "grading"
 MARKER = "nbgrader_config.py"
 #: The folder from which ``import multigpu`` works (``src/`` in a checkout): what worker
 #: processes and the grading sandbox put on ``PYTHONPATH``.
-IMPORT_ROOT = Path(__file__).resolve().parent.parent
+IMPORT_ROOT = Path(multigpu.__file__).resolve().parent.parent
 
 
 def is_course(folder: Path) -> bool:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from multigpu import devices, layout
+from multigpu import devices
+from multigpu.course import layout
 from multigpu.notebook import progress
 
 

@@ -7,7 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from multigpu import layout
+from multigpu.course import layout
 
 from .report import CELL_TIMEOUT_S, Figure, Plan, REPO, Section, Target, WORKSHOP_LEARNERS, environ, first_line, fmt, interleave, steps
 

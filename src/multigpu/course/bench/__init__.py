@@ -31,8 +31,8 @@ measured next to each other. Targets are goals: a figure that misses one reads "
 the run still exits 0. Only a measurement that crashes makes it exit 1 (the results of every
 other section are still written).
 
-The package: :mod:`~multigpu.bench.report` (the framework), one module per group of sections
-(:mod:`~multigpu.bench.pipeline`, :mod:`~multigpu.bench.scaling`, :mod:`~multigpu.bench.course`)
+The package: :mod:`~multigpu.course.bench.report` (the framework), one module per group of sections
+(:mod:`~multigpu.course.bench.pipeline`, :mod:`~multigpu.course.bench.scaling`, :mod:`~multigpu.course.bench.course`)
 and, here, the run.
 
 Writes ``OUT/results.json`` (machine, every sample, every figure) and ``OUT/results.md`` (the
@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .report import (  # noqa: F401 - the bench's names, importable as multigpu.bench.X
+from .report import (  # noqa: F401 - the bench's names, importable as multigpu.course.bench.X
     ALLREDUCE_WARMUP,
     CELL_TIMEOUT_S,
     DEFAULT,
@@ -80,19 +80,19 @@ from .report import (  # noqa: F401 - the bench's names, importable as multigpu.
     Target,
     write_results,
 )
-from .pipeline import (  # noqa: F401 - the bench's names, importable as multigpu.bench.X
+from .pipeline import (  # noqa: F401 - the bench's names, importable as multigpu.course.bench.X
     bench_pipeline,
     decode_files,
     DecodeBound,
 )
-from .scaling import (  # noqa: F401 - the bench's names, importable as multigpu.bench.X
+from .scaling import (  # noqa: F401 - the bench's names, importable as multigpu.course.bench.X
     CONCURRENT,
     LEVER_WORKERS,
     LEVERS,
     bench_levers,
     bench_scaling,
 )
-from .course import (  # noqa: F401 - the bench's names, importable as multigpu.bench.X
+from .course import (  # noqa: F401 - the bench's names, importable as multigpu.course.bench.X
     bench_course,
     bench_grading,
     run_notebook,
