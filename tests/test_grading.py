@@ -178,8 +178,9 @@ def _grade(name: str, tmp: Path, settings: rules.Settings = BROKEN_SETTINGS, arg
     return result
 
 
+# "unconverted" (the starter as released) is graded in every make test by the nbgrader round trip,
+# as the blank student's submission (tests/test_nbgrader.py checks its verdict and message)
 @pytest.mark.parametrize("name,criterion,words", [
-    ("unconverted", "workers", "no checkpoint from rank"),
     ("no_distributed_optimizer", "identical", "weights differ"),
     ("no_broadcast", "identical", "weights differ"),
     ("no_sampler", "sharded", "more than one rank"),
@@ -193,10 +194,7 @@ def test_each_broken_variant_fails_with_the_right_message(name, criterion, words
     assert not result.passed
     c = result.criteria[criterion]
     assert not c.passed and words in c.message, c.message
-    if name == "unconverted":  # never imported Horovod: not told it has Lab 3's rank-0-only habit
-        assert "hvd.init()" in c.message and "Lab 3" not in c.message, c.message
-    else:
-        assert result.ok("workers"), result.message("workers")  # it ran; it is wrong for another reason
+    assert result.ok("workers"), result.message("workers")  # it ran; it is wrong for another reason
     if name == "ddp_under_horovodrun":  # it trains correctly: only Horovod's absence fails it
         assert variants.MUST_FAIL[name] == criterion
         assert "DistributedOptimizer" in c.message and "torch DDP" in c.message, c.message

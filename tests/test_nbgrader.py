@@ -164,7 +164,7 @@ def test_autograde_keeps_the_learners_training_script(graded_course):
 
 @pytest.mark.slow
 def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_course, tmp_path):
-    from multigpu.grading import certificates, rules
+    from multigpu.grading import certificates, rules, variants
 
     course, assignments, logs = graded_course
     assert "assessments" in assignments, "the course has no assessment notebook"
@@ -176,7 +176,13 @@ def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_co
     # their shared file names), not run for most of the time budget (about 260 s of 300 before;
     # its first checkpoint appears after about 85 s on 2 cores)
     blank = logs["official"][BLANK]
-    assert "hvd.init()" in blank.criteria["workers"].message, blank.criteria["workers"].message
+    assert (course / "grading/submitted" / BLANK / "assessments" / "train.py").read_text() == \
+        variants.SOURCES["unconverted"].read_text(), "the blank student no longer submits the unconverted starter"
+    workers = blank.criteria["workers"]
+    assert variants.MUST_FAIL["unconverted"] == "workers" and not workers.passed
+    # never imported Horovod: told to call hvd.init(), not that it has Lab 3's rank-0-only habit
+    assert "no checkpoint from rank" in workers.message and "hvd.init()" in workers.message, workers.message
+    assert "Lab 3" not in workers.message, workers.message
     assert blank.measurements["run_s"] < 0.5 * rules.QUICK.time_budget_s, blank.criteria["workers"].message
     assert (course / "grading/autograded" / BLANK / "assessments" / "grading-result.json").exists()
     key = certificates.load_private_key(certificates.keygen(tmp_path / "key")[0])
