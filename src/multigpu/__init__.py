@@ -18,6 +18,8 @@ Lab 3 (Horovod)        ``hvdtools`` (CPU-mode waits, composing the learner's scr
                        tables), ``record_checks`` (facts of a correct run), ``timeline``,
                        ``scripts.train_horovod`` / ``scripts.train_ddp`` (sharing
                        ``scripts.common``)
+Lab 4 (being built)    ``links`` (a Horovod job behind an emulated network link: a
+                       rate-limited loopback in a namespace of its own)
 the assessment         ``grading`` (rules, the sandboxed runner, the grader, the official
                        grading, certificates, broken variants)
 course tooling         ``course``: ``layout`` (where the course's folders are),

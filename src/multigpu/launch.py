@@ -35,11 +35,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from multigpu.course import layout
+
+if TYPE_CHECKING:
+    from multigpu.links import EmulatedLink
 
 #: Lines of output printed per job before the rest is dropped (the tail is still kept for errors).
 MAX_PRINTED_LINES = 2000
@@ -459,14 +462,29 @@ def horovodrun(
     horovod_args: Sequence[str] = (),
     echo: bool = True,
     check: bool = True,
+    link: EmulatedLink | None = None,
 ) -> JobResult:
     """Run ``horovodrun -np N -H localhost:N [horovod_args] argv`` (see :func:`horovodrun_command`)
     with live output and a time limit.
 
     ``hosts`` defaults to ``localhost:N``; several nodes look like ``"server1:4,server2:4"``.
     With ``check`` (default) a non-zero exit raises :class:`WorkerError` with the output tail.
+    ``link``: the whole job in a network namespace of its own behind an emulated link
+    (:mod:`multigpu.links`; one machine only, over Gloo).
     """
+    if link is not None:
+        from multigpu import links
+
+        why = links.unavailable()
+        if why:
+            raise RuntimeError(f"no emulated link on this machine: {why}")
+        if hosts or "--mpi" in horovod_args:
+            raise ValueError("an emulated link carries one machine's job over Gloo (TCP on its loopback): "
+                             "no hosts, no --mpi (MPI workers on one machine share memory, not the link)")
+        horovod_args = ["--gloo", *[a for a in horovod_args if a != "--gloo"]]
     cmd = [*horovodrun_command(np, hosts, horovod_args), *argv]
+    if link is not None:
+        cmd = link.wrap(cmd)
     # the workers of one node: each host's slots ("server1:4,server2:4": 4 on each)
     per_node = max(int(h.split(":")[1]) if ":" in h else 1 for h in hosts.split(",")) if hosts else np
     return run_command(cmd, label="horovodrun", what=f"horovodrun -np {np}", timeout=timeout,
@@ -507,10 +525,12 @@ def run_horovod(
     timeout: float = 300.0,
     env: dict[str, str] | None = None,
     echo: bool = True,
+    link: EmulatedLink | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` in ``np`` processes under ``horovodrun``; return each rank's value.
 
-    ``fn`` calls ``hvd.init()`` itself, exactly as a training script would.
+    ``fn`` calls ``hvd.init()`` itself, exactly as a training script would. ``link``: see
+    :func:`horovodrun`.
     """
     with tempfile.TemporaryDirectory(prefix="multigpu-hvd-") as tmp:
         outdir = Path(tmp)
@@ -523,6 +543,7 @@ def run_horovod(
             env=env,
             echo=echo,
             check=False,
+            link=link,
         )
         values = _read_values(outdir, np, [f"rank {r}" for r in range(np)], result, f"horovodrun -np {np}")
         if result.returncodes[0] != 0:

@@ -16,6 +16,11 @@ Sections, run in this order (``--only`` picks some):
 - ``levers``: Horovod's CPU levers (:data:`LEVERS`) one at a time at 2 and 4 workers, each
   against the one-thread ideal and pinned DDP of the same repeat, and the cores' own ceiling
   (two one-thread workers that never communicate). Targets on the course default as above.
+- ``links``: the time of one all-reduce of 4 MiB on 2 Horovod workers (Gloo) behind emulated
+  links of 100 Mb/s, 1 Gb/s, 10 Gb/s and the namespace's unlimited loopback
+  (:mod:`multigpu.links`), and measured / predicted by the link-only model. No target: it
+  shows where the link, not the CPU, sets the time. Skipped, with the reason, where user
+  namespaces are not allowed.
 - ``course``: wall time of every solution notebook run top to bottom (papermill, default
   parameters; ``--quick``: quick parameters, labelled so) and their sum. One run each (n=1).
   Targets: whole course < 15 min, no notebook > 6 min.
@@ -32,7 +37,8 @@ the run still exits 0. Only a measurement that crashes makes it exit 1 (the resu
 other section are still written).
 
 The package: :mod:`~multigpu.course.bench.report` (the framework), one module per group of sections
-(:mod:`~multigpu.course.bench.pipeline`, :mod:`~multigpu.course.bench.scaling`, :mod:`~multigpu.course.bench.course`)
+(:mod:`~multigpu.course.bench.pipeline`, :mod:`~multigpu.course.bench.scaling`,
+:mod:`~multigpu.course.bench.network`, :mod:`~multigpu.course.bench.course`)
 and, here, the run.
 
 Writes ``OUT/results.json`` (machine, every sample, every figure) and ``OUT/results.md`` (the
@@ -92,6 +98,7 @@ from .scaling import (  # noqa: F401 - the bench's names, importable as multigpu
     bench_levers,
     bench_scaling,
 )
+from .network import bench_links  # noqa: F401 - importable as multigpu.course.bench.bench_links
 from .course import (  # noqa: F401 - the bench's names, importable as multigpu.course.bench.X
     bench_course,
     bench_grading,
@@ -107,6 +114,7 @@ SECTIONS: dict[str, Callable[[Plan, float], Section]] = {
     "pipeline": bench_pipeline,
     "scaling": bench_scaling,
     "levers": bench_levers,
+    "links": bench_links,
     "course": bench_course,
     "grading": bench_grading,
 }

@@ -22,7 +22,7 @@ from multigpu.notebook import progress
 V = TypeVar("V")
 
 REPO = layout.course_root()
-SECTION_NAMES: tuple[str, ...] = ("pipeline", "scaling", "levers", "course", "grading")
+SECTION_NAMES: tuple[str, ...] = ("pipeline", "scaling", "levers", "links", "course", "grading")
 #: Learners in the workshop the grading projection is for.
 WORKSHOP_LEARNERS = 30
 #: Seconds a notebook cell may run. A longer cell already breaks the 6-minute notebook target, and
@@ -196,9 +196,9 @@ def section_markdown(section: Section) -> str:
     """A section as markdown: title, notes, and the table of its figures."""
     lines = [f"### {section.title}", ""]
     lines += [f"- {note}" for note in section.notes]
-    if section.status == "error":
-        lines.append(f"- **error**: {section.error}")
-    if section.notes or section.status == "error":
+    if section.status in ("error", "skipped"):
+        lines.append(f"- **{section.status}**: {section.error}")
+    if section.notes or section.status in ("error", "skipped"):
         lines.append("")
     if section.figures:
         lines += ["| figure | median | spread (min\u2013max) | n | target | |", "|---|---:|---:|---:|---|---|"]

@@ -1,0 +1,125 @@
+"""Emulated network links: a Horovod job whose workers talk over a loopback limited to a rate.
+
+Lab 4 (being built) runs the course's jobs as if their workers were on machines joined by a 100
+Mb/s, 1 Gb/s or 10 Gb/s link, on one box and without root: the job starts in a new user
+namespace with its own network namespace (``unshare --user --map-root-user --net``), whose only
+interface is a loopback of its own; ``tc``'s token bucket filter (``tbf``) on it limits every byte
+the workers send each other. What this machine showed (2026-11-24, the 2-core CPU machine beside
+a grading run, Horovod 0.28.1 over Gloo, 2 workers, a 4 MiB all-reduce, :func:`allreduce_seconds`): 13-17 ms on the namespace's
+unlimited loopback, 16-20 ms at 10 Gb/s, 80 ms at 1 Gb/s and 675 ms at 100 Mb/s, against 7, 67 and
+671 ms that :func:`predicted_allreduce_s` gives for the link alone: the slower the link, the more
+of the time it explains. Three facts shape the module:
+
+- ``burst`` must hold at least one full-size segment of the loopback (its MTU, 65,536 bytes): with
+  a smaller bucket Gloo's connections time out ("Read error ... Connection timed out").
+- One ``tbf`` on the loopback is a *shared* medium: the time is all workers' bytes over the rate,
+  not each worker's bytes over a link of its own (:func:`predicted_allreduce_s`).
+- Over MPI the workers of one machine exchange data through shared memory and never touch the
+  loopback: a job on an emulated link runs Horovod over Gloo (TCP).
+
+Where user namespaces are not allowed (hardened kernels), :func:`unavailable` says so and how to
+allow them; nothing falls back silently.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: tbf's bucket in bytes: four full-size loopback segments (the MTU, 65,536 bytes, is the least
+#: that works; see the module doc).
+BURST_BYTES = 4 * 65536
+#: How long a packet may wait in tbf's queue before it is dropped (TCP resends it).
+QUEUE_LATENCY_MS = 50
+#: The links Lab 4 compares, in bits per second (None: the namespace's loopback, unlimited).
+PRESETS: dict[str, float | None] = {"100 Mb/s": 100e6, "1 Gb/s": 1e9, "10 Gb/s": 10e9, "unlimited": None}
+
+
+@dataclass(frozen=True)
+class EmulatedLink:
+    """A job's network: its own loopback, limited to ``rate_bps`` bits per second (None: unlimited)."""
+
+    rate_bps: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rate_bps is not None and not self.rate_bps > 0:
+            raise ValueError(f"a link's rate must be > 0 bits/s (None: unlimited), got {self.rate_bps}")
+
+    @property
+    def label(self) -> str:
+        if self.rate_bps is None:
+            return "unlimited loopback"
+        for name, rate in PRESETS.items():
+            if rate == self.rate_bps:
+                return name
+        return f"{self.rate_bps / 1e6:g} Mb/s"
+
+    def setup_script(self) -> str:
+        """The shell lines run inside the new namespace before the job (then ``exec "$@"``)."""
+        lines = ["ip link set lo up"]
+        if self.rate_bps is not None:
+            lines.append(f"tc qdisc add dev lo root tbf rate {int(self.rate_bps)}bit "
+                         f"burst {BURST_BYTES} latency {QUEUE_LATENCY_MS}ms")
+        return " && ".join(lines + ['exec "$@"'])
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run in a new user + network namespace behind this link (one namespace for the
+        whole job: wrap the launcher, e.g. ``horovodrun``, not each worker)."""
+        return ["unshare", "--user", "--map-root-user", "--net", "sh", "-c", self.setup_script(), "sh", *argv]
+
+
+@functools.lru_cache(maxsize=None)
+def unavailable() -> str | None:
+    """None where emulated links work on this machine, else why not and what to do."""
+    missing = [tool for tool in ("unshare", "ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return (f"{', '.join(missing)} not found: emulated links need util-linux (unshare) and iproute2 "
+                "(ip, tc), e.g. `sudo apt-get install util-linux iproute2`")
+    probe = EmulatedLink(100e6).wrap(["true"])
+    try:
+        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "`unshare --user --net` did not finish within 30 s"
+    if proc.returncode != 0:
+        return ("this machine does not let an unprivileged user create a user + network namespace "
+                f"({(proc.stderr or proc.stdout).strip()[-300:]}). Ask the machine's administrator to allow "
+                "them: `sudo sysctl kernel.unprivileged_userns_clone=1` (Debian), "
+                "`sudo sysctl kernel.apparmor_restrict_unprivileged_userns=0` (Ubuntu 24.04 and later), "
+                "or a non-zero `user.max_user_namespaces`; in a container, run it with user namespaces allowed. "
+                "Until then the lab shows the model's predictions alone.")
+    return None
+
+
+def total_ring_bytes(nbytes: float, n: int) -> float:
+    """Bytes all ``n`` workers together send in a ring all-reduce of ``nbytes`` (Lab 2's count per
+    worker, times ``n``)."""
+    from multigpu import scaling_model
+
+    return n * scaling_model.ring_bytes_per_worker(nbytes, n)
+
+
+def predicted_allreduce_s(nbytes: float, n: int, rate_bps: float) -> float:
+    """Seconds a ring all-reduce of ``nbytes`` over ``n`` workers needs on one shared link of
+    ``rate_bps`` bits/s: every worker's bytes cross it (latency and computation left out)."""
+    return total_ring_bytes(nbytes, n) * 8 / rate_bps
+
+
+def allreduce_seconds(nbytes: int, repeats: int = 3, warmup: int = 2) -> float:
+    """In a Horovod worker: the mean seconds of ``repeats`` all-reduces of ``nbytes`` of float32
+    after ``warmup`` untimed ones (connections set up, buffers allocated)."""
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    x = torch.ones(max(1, nbytes // 4))
+    for i in range(warmup):
+        hvd.allreduce(x, name=f"warmup.{i}")
+    start = time.perf_counter()
+    for i in range(repeats):
+        hvd.allreduce(x, name=f"timed.{i}")
+    return (time.perf_counter() - start) / repeats
