@@ -34,7 +34,8 @@ def test_presets_have_the_documented_sizes():
     assert scaling_model.MODELS["AlexNet"].params == pytest.approx(61.1e6)
     gru = scaling_model.MODELS["GRU-5x3000"]
     assert 1.0e9 < gru.gradient_bytes < 1.2e9, "about 1 GB of parameters"
-    assert gru.flops_per_step == pytest.approx(1e12)
+    # the benchmark's 1 TFLOP is forward-only at 16 sequences: a training step at 32 is 6x that
+    assert gru.flops_per_step == pytest.approx(6e12)
 
 
 def test_one_worker_is_fully_efficient_and_more_workers_are_not():
@@ -54,6 +55,16 @@ def test_the_presets_show_the_published_shape():
         for n in (8, 256):
             assert got[n] == pytest.approx(pub[n], abs=0.08)
     assert alex[8] - alex[256] > 2 * (res[8] - res[256])
+
+
+def test_the_large_gru_hides_its_gigabyte_gradient_as_baidus_ring_did():
+    """1.1 GB of gradient per step, but about 10x AlexNet's arithmetic per parameter: on the ring
+    it keeps most of its efficiency at 40 GPUs, near Baidu's published 31x (a shape, not a fit)."""
+    gru, alex = scaling_model.MODELS["GRU-5x3000"], scaling_model.MODELS["AlexNet"]
+    assert gru.flops_per_param > 5 * alex.flops_per_param
+    at40 = scaling_model.predict("GRU-5x3000", 40).efficiency
+    assert at40 == pytest.approx(scaling_model.PUBLISHED["GRU-5x3000"][40], abs=0.10)
+    assert at40 > scaling_model.predict("AlexNet", 40).efficiency + 0.1
 
 
 def test_parameter_server_scales_worse_than_ring():
