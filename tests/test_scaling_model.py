@@ -111,3 +111,24 @@ def test_widget_builds():
     matplotlib.use("Agg")
     w = scaling_model.scaling_widget(max_workers=16)
     assert len(w.children) == 5
+
+
+def test_sharded_servers_move_the_rings_bytes_with_the_single_servers_latency():
+    B, link = 1e8, scaling_model.LINKS["25GbE"]
+    for n in (2, 4, 16, 256):
+        # one server: the central node's (n-1) B each way, as before
+        assert scaling_model.ps_time(B, n, link) == pytest.approx(
+            2 * link.latency_s + scaling_model.ps_central_bytes(B, n) / link.bandwidth)
+        # a server per node: the ring's (n-1)/n B per phase, two latencies instead of 2 (n-1)
+        sharded = scaling_model.comm_time(B, n, link, "sharded-ps")
+        assert sharded == pytest.approx(2 * link.latency_s + scaling_model.ring_bytes_per_worker(B, n) / link.bandwidth)
+        assert sharded <= scaling_model.ring_allreduce_time(B, n, link) + 1e-12
+    # in between: 4 servers for 16 workers, each receives 15 quarter-gradients per phase
+    assert scaling_model.ps_busiest_node_bytes(B, 16, 4) == pytest.approx(15 * B / 4)
+    # fewer servers than workers: a worker that serves nothing still sends its whole gradient
+    assert scaling_model.ps_busiest_node_bytes(B, 16, 15) == pytest.approx(B)
+    assert scaling_model.ps_busiest_node_bytes(B, 1, 1) == 0
+    with pytest.raises(ValueError, match="servers"):
+        scaling_model.ps_busiest_node_bytes(B, 4, 5)
+    effs = {a: scaling_model.efficiency_curve("AlexNet", (64,), algorithm=a)[0] for a in scaling_model.ALGORITHMS}
+    assert effs["ps"] < 0.1 < effs["ring"] <= effs["sharded-ps"], effs

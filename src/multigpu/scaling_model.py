@@ -12,6 +12,10 @@ the gradient of its batch, then the gradients are averaged across devices.
     the latency term grows with N.
   * parameter server: the central node receives ``(N-1) B`` and sends ``(N-1) B`` over its
     one link: ``2 a + 2 (N-1) B / b``. It grows with N.
+  * sharded parameter servers, one on every worker's node, each holding ``1/N`` of the
+    parameters: the busiest node moves ``(N-1)/N B`` per phase, ``2 a + 2 (N-1)/N B / b``: the
+    ring's bandwidth term with the single server's latency term. With ``S`` servers in
+    between, :func:`ps_busiest_node_bytes`.
 
 - efficiency: ``step time with 1 device / step time with N devices`` (throughput of N devices
   over N times one device's). ``overlap`` hides up to that fraction of the backward pass
@@ -101,7 +105,9 @@ MODELS: dict[str, ModelSpec] = {
 #: FLOP/s a GPU of the published experiments' era sustains on these models (fp32, not peak).
 GPU_FLOPS = 6e12
 
-ALGORITHMS = ("ring", "ps")
+#: "ring": ring all-reduce; "ps": one parameter server (a worker that also serves); "sharded-ps":
+#: a server on every worker's node, each holding 1/N of the parameters (MXNet's KVStore layout).
+ALGORITHMS = ("ring", "ps", "sharded-ps")
 
 #: Published weak-scaling efficiencies whose shape the presets' curves show (workers -> efficiency).
 PUBLISHED = {"ResNet-152": {8: 0.95, 256: 0.90}, "AlexNet": {8: 0.78, 256: 0.53}, "GRU-5x3000": {40: 31 / 40}}
@@ -153,22 +159,43 @@ def ring_allreduce_time(nbytes: float, n: int, link: Link | str) -> float:
     return 2 * (n - 1) * lk.latency_s + ring_bytes_per_worker(nbytes, n) / lk.bandwidth
 
 
-def ps_time(nbytes: float, n: int, link: Link | str) -> float:
-    """Seconds for a parameter-server exchange: gather ``(n-1)`` gradients into the central
-    node, send ``(n-1)`` averages back, all over its one link: ``2 latency + 2 (n-1) nbytes /
-    bandwidth`` (0 for one worker)."""
+def ps_busiest_node_bytes(nbytes: float, n: int, servers: int = 1) -> float:
+    """Bytes the busiest node receives (push) or sends (pull) per step when ``servers`` of the
+    ``n`` worker nodes each hold ``1/servers`` of the parameters.
+
+    A server node receives every other worker's slice: ``(n-1) nbytes / servers``. A worker
+    sends what is not held on its own node: all of ``nbytes`` where some node serves nothing
+    (``servers < n``), ``(n-1)/n`` of it when every node serves. One server: ``(n-1) nbytes``;
+    a server per node: ``(n-1)/n nbytes``, the ring's traffic per worker per phase.
+    """
+    if not 1 <= servers <= max(n, 1):
+        raise ValueError(f"servers must be between 1 and the {n} workers, got {servers}")
+    if n <= 1:
+        return 0.0
+    received = (n - 1) * nbytes / servers
+    sent = nbytes if servers < n else (n - 1) * nbytes / n
+    return max(received, sent)
+
+
+def ps_time(nbytes: float, n: int, link: Link | str, servers: int = 1) -> float:
+    """Seconds for a parameter-server exchange: the workers push their gradients to the
+    servers, then pull the averages back, each phase as long as its busiest node's bytes over its
+    link (links are full duplex): ``2 latency + 2 busiest / bandwidth`` (:func:`ps_busiest_node_bytes`;
+    0 for one worker). One server: ``2 latency + 2 (n-1) nbytes / bandwidth``."""
     lk = _link(link)
     if n <= 1:
         return 0.0
-    return 2 * lk.latency_s + ps_central_bytes(nbytes, n) / lk.bandwidth
+    return 2 * lk.latency_s + 2 * ps_busiest_node_bytes(nbytes, n, servers) / lk.bandwidth
 
 
 def comm_time(nbytes: float, n: int, link: Link | str, algorithm: str = "ring") -> float:
-    """Communication seconds per step for ``algorithm`` ``"ring"`` or ``"ps"``."""
+    """Communication seconds per step for ``algorithm`` (:data:`ALGORITHMS`)."""
     if algorithm == "ring":
         return ring_allreduce_time(nbytes, n, link)
     if algorithm == "ps":
         return ps_time(nbytes, n, link)
+    if algorithm == "sharded-ps":
+        return ps_time(nbytes, n, link, servers=max(n, 1))
     raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
 
 
@@ -261,16 +288,18 @@ def plot_efficiency(
     *,
     ax: Any = None,
     published: bool = True,
+    label: str = "model",
     **kwargs: Any,
 ) -> Any:
-    """Efficiency vs number of workers (log x) for each model; published points as markers."""
+    """Efficiency vs number of workers (log x) for each model; published points as markers.
+    ``label`` names the curves in the legend ("AlexNet (model)")."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))
     for i, m in enumerate(models):
         spec = _model(m)
-        line = ax.plot(ns, efficiency_curve(spec, ns, **kwargs), marker=".", label=f"{spec.name} (model)")[0]
+        line = ax.plot(ns, efficiency_curve(spec, ns, **kwargs), marker=".", label=f"{spec.name} ({label})")[0]
         key = next((k for k, v in MODELS.items() if v is spec or v.name == spec.name), spec.name)
         if published and key in PUBLISHED:
             pts = PUBLISHED[key]
@@ -296,7 +325,8 @@ def scaling_widget(max_workers: int = 256) -> Any:
     exps = list(range(0, int(math.log2(max_workers)) + 1))
     model_w = W.Dropdown(options=list(MODELS), value="AlexNet", description="model")
     link_w = W.Dropdown(options=list(LINKS), value="100GbE", description="link")
-    algo_w = W.ToggleButtons(options=[("ring all-reduce", "ring"), ("parameter server", "ps")], value="ring")
+    algo_w = W.ToggleButtons(options=[("ring all-reduce", "ring"), ("parameter server", "ps"),
+                                      ("sharded servers", "sharded-ps")], value="ring")
     batch_w = W.IntSlider(value=MODELS["AlexNet"].batch, min=1, max=512, description="batch/dev")
     overlap_w = W.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.1, description="overlap")
     nmax_w = W.SelectionSlider(options=[2**e for e in exps], value=max_workers, description="max N")
