@@ -132,3 +132,32 @@ def test_sharded_servers_move_the_rings_bytes_with_the_single_servers_latency():
         scaling_model.ps_busiest_node_bytes(B, 4, 5)
     effs = {a: scaling_model.efficiency_curve("AlexNet", (64,), algorithm=a)[0] for a in scaling_model.ALGORITHMS}
     assert effs["ps"] < 0.1 < effs["ring"] <= effs["sharded-ps"], effs
+
+
+def test_interconnects_are_ordered_as_their_generations():
+    ic = scaling_model.INTERCONNECTS
+    bw = lambda *names: [ic[n].bandwidth for n in names]  # noqa: E731
+    assert bw("PCIe 3.0 x16", "PCIe 4.0 x16", "PCIe 5.0 x16") == sorted(bw("PCIe 3.0 x16", "PCIe 4.0 x16", "PCIe 5.0 x16"))
+    assert ic["PCIe 4.0 x16"].bandwidth == pytest.approx(2 * ic["PCIe 3.0 x16"].bandwidth)
+    assert ic["NVLink 4 (H100)"].bandwidth * 2 == pytest.approx(900e9)  # the data sheet's both directions
+    assert ic["InfiniBand NDR"].bandwidth == pytest.approx(400e9 / 8)
+    assert ic["InfiniBand HDR"].latency_s < ic["25GbE (TCP)"].latency_s  # RDMA vs TCP
+    assert min(bw("NVLink 2 (V100)", "NVLink 3 (A100)")) > max(bw("PCIe 5.0 x16", "InfiniBand NDR"))
+    assert scaling_model.comm_time(1e6, 4, "InfiniBand EDR") > 0  # usable by name, like LINKS
+
+
+def test_hierarchical_allreduce_pays_the_slow_links_latency_per_server_not_per_gpu():
+    B, intra, inter = 1e8, "NVLink 3 (A100)", "25GbE (TCP)"
+    one_server = scaling_model.hierarchical_allreduce_time(B, 1, 8, intra, inter)
+    assert one_server == pytest.approx(scaling_model.ring_allreduce_time(B, 8, intra))
+    one_gpu_each = scaling_model.hierarchical_allreduce_time(B, 8, 1, intra, inter)
+    assert one_gpu_each == pytest.approx(scaling_model.ring_allreduce_time(B, 8, inter))
+    h = scaling_model.hierarchical_allreduce_time(B, 8, 8, intra, inter)
+    li, le = scaling_model.INTERCONNECTS[intra], scaling_model.INTERCONNECTS[inter]
+    assert h == pytest.approx(14 * (li.latency_s + B / (8 * li.bandwidth)) + 14 * (le.latency_s + B / (8 * le.bandwidth)))
+    flat = scaling_model.ring_allreduce_time(B, 64, inter)  # every step waits for the slow link
+    assert h < flat
+    # small tensors: latency decides, and the flat ring waits 126 times, the hierarchy 14 + 14
+    assert scaling_model.hierarchical_allreduce_time(1e3, 8, 8, intra, inter) < 0.3 * scaling_model.ring_allreduce_time(1e3, 64, inter)
+    with pytest.raises(ValueError):
+        scaling_model.hierarchical_allreduce_time(B, 0, 8, intra, inter)

@@ -58,6 +58,28 @@ LINKS: dict[str, Link] = {
     "100GbE": Link("100 Gb/s Ethernet", 100e-6, 100e9 / 8),
 }
 
+#: The interconnects of GPU servers by generation: the signalling rate per direction from each
+#: standard or vendor (bytes/s; usable is about 80-90% of it), and a per-message latency as an
+#: order of magnitude (a few microseconds within a server and over RDMA, tens over TCP). Within a
+#: server: PCIe (PCI-SIG: 8, 16, 32 GT/s per lane, x16), NVLink per GPU, all links together
+#: (NVIDIA's V100, A100 and H100 data sheets: 300, 600, 900 GB/s both directions together).
+#: Between servers, one NIC: InfiniBand (InfiniBand Trade Association: EDR 100, HDR 200, NDR 400
+#: Gb/s), Ethernet (IEEE 802.3: 10 to 400 Gb/s; over TCP, without RDMA).
+INTERCONNECTS: dict[str, Link] = {
+    "PCIe 3.0 x16": Link("PCIe 3.0 x16", 5e-6, 15.75e9),
+    "PCIe 4.0 x16": Link("PCIe 4.0 x16", 5e-6, 31.5e9),
+    "PCIe 5.0 x16": Link("PCIe 5.0 x16", 5e-6, 63e9),
+    "NVLink 2 (V100)": Link("NVLink 2 (V100)", 3e-6, 150e9),
+    "NVLink 3 (A100)": Link("NVLink 3 (A100)", 3e-6, 300e9),
+    "NVLink 4 (H100)": Link("NVLink 4 (H100)", 3e-6, 450e9),
+    "10GbE (TCP)": Link("10 Gb/s Ethernet, TCP", 50e-6, 10e9 / 8),
+    "25GbE (TCP)": Link("25 Gb/s Ethernet, TCP", 50e-6, 25e9 / 8),
+    "100GbE (TCP)": Link("100 Gb/s Ethernet, TCP", 30e-6, 100e9 / 8),
+    "InfiniBand EDR": Link("InfiniBand EDR, 100 Gb/s", 2e-6, 100e9 / 8),
+    "InfiniBand HDR": Link("InfiniBand HDR, 200 Gb/s", 2e-6, 200e9 / 8),
+    "InfiniBand NDR": Link("InfiniBand NDR, 400 Gb/s", 2e-6, 400e9 / 8),
+}
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -126,9 +148,9 @@ def _link(link: Link | str) -> Link:
     if isinstance(link, Link):
         return link
     try:
-        return LINKS[link]
+        return LINKS[link] if link in LINKS else INTERCONNECTS[link]
     except KeyError:
-        raise ValueError(f"unknown link {link!r}; presets: {sorted(LINKS)}") from None
+        raise ValueError(f"unknown link {link!r}; presets: {sorted(LINKS)} and {sorted(INTERCONNECTS)}") from None
 
 
 def _model(model: ModelSpec | str) -> ModelSpec:
@@ -186,6 +208,31 @@ def ps_time(nbytes: float, n: int, link: Link | str, servers: int = 1) -> float:
     if n <= 1:
         return 0.0
     return 2 * lk.latency_s + 2 * ps_busiest_node_bytes(nbytes, n, servers) / lk.bandwidth
+
+
+def hierarchical_allreduce_time(nbytes: float, nodes: int, gpus_per_node: int, intra: Link | str,
+                                inter: Link | str) -> float:
+    """Seconds for a hierarchical all-reduce of ``nbytes`` on ``nodes`` servers of
+    ``gpus_per_node`` GPUs each (Horovod's ``HOROVOD_HIERARCHICAL_ALLREDUCE``, NCCL's trees and
+    rings do the same in spirit):
+
+    1. reduce-scatter within each server over ``intra``: ``(g-1)`` steps of ``B/g`` bytes;
+    2. each GPU all-reduces its ``B/g`` slice with its peers on the other servers, a ring over
+       ``inter``, all ``g`` GPUs of a server at once through its one NIC: ``2 (n-1)`` steps of
+       ``B/n`` bytes through that NIC;
+    3. all-gather within each server: ``(g-1)`` steps of ``B/g`` again.
+
+    ``2 (g-1) (a_intra + B / (g b_intra)) + 2 (n-1) (a_inter + B / (n b_inter))``. A flat ring
+    over all ``n g`` GPUs moves about as many bytes through each NIC but waits ``2 (n g - 1)``
+    times for the slow link's latency instead of ``2 (n-1)``.
+    """
+    if nodes < 1 or gpus_per_node < 1:
+        raise ValueError("nodes and gpus_per_node must be >= 1")
+    li, le = _link(intra), _link(inter)
+    g, n = gpus_per_node, nodes
+    within = 2 * (g - 1) * (li.latency_s + nbytes / (g * li.bandwidth)) if g > 1 else 0.0
+    across = 2 * (n - 1) * (le.latency_s + nbytes / (n * le.bandwidth)) if n > 1 else 0.0
+    return within + across
 
 
 def comm_time(nbytes: float, n: int, link: Link | str, algorithm: str = "ring") -> float:
