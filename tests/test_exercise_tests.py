@@ -104,6 +104,17 @@ WRONG = [
     ("02b-ring-allreduce", "ring_allreduce", "test_ring_allreduce",
      inspect.getsource(test_ring.direct_allreduce) + "\nring_allreduce = direct_allreduce\n",
      "send only to your right neighbour"),
+    ("02b-ring-allreduce", "hierarchical_time", "test_hierarchical_time", """
+        def hierarchical_time(nbytes, nodes, gpus_per_node, intra, inter):
+            n = nodes * gpus_per_node  # one flat ring over every GPU, at the network's speed
+            return 2 * (n - 1) * (inter.latency_s + nbytes / n / inter.bandwidth)
+     """, "within a server count 2 (g-1) steps"),
+    ("02b-ring-allreduce", "hierarchical_time", "test_hierarchical_time", """
+        def hierarchical_time(nbytes, nodes, gpus_per_node, intra, inter):
+            g, n = gpus_per_node, nodes  # as if each GPU had a network card of its own
+            within = 2 * (g - 1) * (intra.latency_s + nbytes / g / intra.bandwidth)
+            return within + 2 * (n - 1) * (inter.latency_s + nbytes / (g * n) / inter.bandwidth)
+     """, "add both phases; across servers the g GPUs share one card"),
     ("03-horovod", "ex4-lr", "test-ex4-lr", """
         def lr_schedule(base_lr, warmup_epochs):
             return lambda epoch: base_lr * hvd.size()  # no warm-up: right at one worker
