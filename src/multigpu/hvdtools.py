@@ -53,6 +53,28 @@ def patient_waits(optimizer: Any, interval_s: float = POLL_INTERVAL_S) -> Any:
     return optimizer
 
 
+def allreduce_times(numel: int, warmup: int, reps: int) -> list[float]:
+    """In a Horovod worker (under horovodrun): seconds of each of ``reps`` timed in-place sums
+    of ``numel`` float32, after ``warmup`` untimed ones (connections set up, buffers allocated),
+    waited for as the course's scripts wait (polls with short sleeps, not Horovod's busy loop,
+    which takes the core the all-reduce needs). ``make bench`` and Lab 4's links time with it."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    tensor = torch.ones(numel)
+    times = []
+    for i in range(warmup + reps):
+        t0 = time.perf_counter()
+        handle = hvd.allreduce_async_(tensor, op=hvd.Sum, name="bench.allreduce")
+        while not hvd.poll(handle):
+            time.sleep(POLL_INTERVAL_S)
+        hvd.synchronize(handle)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
 # --------------------------------------------------------------------------- the learner's script
 
 #: The conversion steps of Lab 3, in order: the functions of the reference script a learner writes.

@@ -4,11 +4,13 @@ Lab 4 (being built) runs the course's jobs as if their workers were on machines 
 Mb/s, 1 Gb/s or 10 Gb/s link, on one box and without root: the job starts in a new user
 namespace with its own network namespace (``unshare --user --map-root-user --net``), whose only
 interface is a loopback of its own; ``tc``'s token bucket filter (``tbf``) on it limits every byte
-the workers send each other. What this machine showed (2026-11-24, the 2-core CPU machine beside
-a grading run, Horovod 0.28.1 over Gloo, 2 workers, a 4 MiB all-reduce, :func:`allreduce_seconds`): 13-17 ms on the namespace's
-unlimited loopback, 16-20 ms at 10 Gb/s, 80 ms at 1 Gb/s and 675 ms at 100 Mb/s, against 7, 67 and
-671 ms that :func:`predicted_allreduce_s` gives for the link alone: the slower the link, the more
-of the time it explains. Three facts shape the module:
+the workers send each other. What this machine showed (2026-11-24, the 2-core CPU machine, Horovod 0.28.1
+over Gloo, 2 workers, a 4 MiB all-reduce, ``make bench``'s links section, which times with
+:func:`multigpu.hvdtools.allreduce_times`): 5 ms on the namespace's unlimited loopback, 9 ms at
+10 Gb/s, 67.5 ms at 1 Gb/s and 673 ms at 100 Mb/s, against 7, 67 and 671 ms that
+:func:`predicted_allreduce_s` gives for the link alone: the slower the link, the more of the time
+it explains (with Horovod's own busy wait instead of short sleeps, beside a grading run: 13-17,
+16-20, 80 and 675 ms). Three facts shape the module:
 
 - ``burst`` must hold at least one full-size segment of the loopback (its MTU, 65,536 bytes): with
   a smaller bucket Gloo's connections time out ("Read error ... Connection timed out").
@@ -106,20 +108,3 @@ def predicted_allreduce_s(nbytes: float, n: int, rate_bps: float) -> float:
     ``rate_bps`` bits/s: every worker's bytes cross it (latency and computation left out)."""
     return total_ring_bytes(nbytes, n) * 8 / rate_bps
 
-
-def allreduce_seconds(nbytes: int, repeats: int = 3, warmup: int = 2) -> float:
-    """In a Horovod worker: the mean seconds of ``repeats`` all-reduces of ``nbytes`` of float32
-    after ``warmup`` untimed ones (connections set up, buffers allocated)."""
-    import time
-
-    import horovod.torch as hvd
-    import torch
-
-    hvd.init()
-    x = torch.ones(max(1, nbytes // 4))
-    for i in range(warmup):
-        hvd.allreduce(x, name=f"warmup.{i}")
-    start = time.perf_counter()
-    for i in range(repeats):
-        hvd.allreduce(x, name=f"timed.{i}")
-    return (time.perf_counter() - start) / repeats

@@ -228,11 +228,8 @@ def hierarchical_allreduce_time(nbytes: float, nodes: int, gpus_per_node: int, i
     """
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError("nodes and gpus_per_node must be >= 1")
-    li, le = _link(intra), _link(inter)
-    g, n = gpus_per_node, nodes
-    within = 2 * (g - 1) * (li.latency_s + nbytes / (g * li.bandwidth)) if g > 1 else 0.0
-    across = 2 * (n - 1) * (le.latency_s + nbytes / (n * le.bandwidth)) if n > 1 else 0.0
-    return within + across
+    # phases 1 + 3 are a ring all-reduce within the server; phase 2, one across the servers
+    return ring_allreduce_time(nbytes, gpus_per_node, intra) + ring_allreduce_time(nbytes, nodes, inter)
 
 
 def comm_time(nbytes: float, n: int, link: Link | str, algorithm: str = "ring") -> float:

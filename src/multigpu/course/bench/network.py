@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .report import Figure, Plan, Section, fmt, interleave, steps
+import statistics
+
+from .report import ALLREDUCE_WARMUP, Figure, Plan, Section, fmt, interleave, steps
 
 #: The tensor all-reduced: 4 MiB of float32 (the size of one of Horovod's CPU fusion groups).
 LINK_BYTES = 4 * 2**20
@@ -12,7 +14,7 @@ LINK_WORKERS = 2
 def bench_links(plan: Plan, deadline: float) -> Section:
     """All-reduce time of 2 Horovod workers (Gloo) on each of :data:`multigpu.links.PRESETS`,
     interleaved, and measured / predicted for the limited ones."""
-    from multigpu import launch, links
+    from multigpu import hvdtools, launch, links
 
     section = Section("links", f"All-reduce of {LINK_BYTES / 2**20:g} MiB on {LINK_WORKERS} Horovod workers "
                                "behind emulated links (multigpu.links)")
@@ -24,7 +26,7 @@ def bench_links(plan: Plan, deadline: float) -> Section:
     section.notes += [
         "Each job runs in a user + network namespace of its own whose loopback `tc tbf` limits to the "
         f"link's rate (burst {links.BURST_BYTES} bytes); Horovod over Gloo; mean of {plan.allreduce_reps} "
-        f"all-reduces after {2} untimed ones, the slower worker's.",
+        f"all-reduces after {ALLREDUCE_WARMUP} untimed ones, the slower worker's.",
         "Model: `links.predicted_allreduce_s`, every worker's ring bytes over the one shared link, "
         "nothing else (no latency, no computation): measured / model near 1 means the link sets the time.",
     ]
@@ -32,12 +34,12 @@ def bench_links(plan: Plan, deadline: float) -> Section:
     order = interleave(presets, plan.allreduce_rounds)
     with steps("links", len(order)) as log:
         for r, (name, rate) in order:
-            values = launch.run_horovod(links.allreduce_seconds, LINK_WORKERS, args=(LINK_BYTES, plan.allreduce_reps),
-                                        link=links.EmulatedLink(rate), echo=False, timeout=300)
-            times[name].append(max(values) * 1000)
+            per_rank = launch.run_horovod(hvdtools.allreduce_times, LINK_WORKERS,
+                                          args=(LINK_BYTES // 4, ALLREDUCE_WARMUP, plan.allreduce_reps),
+                                          link=links.EmulatedLink(rate), echo=False, timeout=300)
+            times[name].append(max(statistics.mean(t) for t in per_rank) * 1000)
             log.finished(f"{name}, round {r + 1}/{plan.allreduce_rounds}: {fmt(times[name][-1], 'ms')}")
-    for name, rate in presets:
-        section.figures.append(Figure(f"all-reduce, {name}", "ms", times[name]))
+    section.figures += [Figure(f"all-reduce, {name}", "ms", times[name]) for name, _ in presets]
     for name, rate in presets:
         if rate is not None:
             model_ms = links.predicted_allreduce_s(LINK_BYTES, LINK_WORKERS, rate) * 1000

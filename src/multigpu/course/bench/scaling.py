@@ -18,29 +18,6 @@ from .report import ALLREDUCE_WARMUP, Figure, Plan, Section, Target, fmt, interl
 # --------------------------------------------------------------------------- 2. scaling
 
 
-def _horovod_allreduce_times(numel: int, warmup: int, reps: int) -> list[float]:
-    """Seconds of each of ``reps`` timed in-place Horovod all-reduces (run under horovodrun),
-    waited for as the course's scripts wait (``hvdtools.patient_waits``: polls with short sleeps,
-    not Horovod's busy loop, which takes the core the all-reduce needs)."""
-    import horovod.torch as hvd
-    import torch
-
-    from multigpu.hvdtools import POLL_INTERVAL_S
-
-    hvd.init()
-    tensor = torch.ones(numel)
-    times = []
-    for i in range(warmup + reps):
-        t0 = time.perf_counter()
-        handle = hvd.allreduce_async_(tensor, op=hvd.Sum, name="bench.allreduce")
-        while not hvd.poll(handle):
-            time.sleep(POLL_INTERVAL_S)
-        hvd.synchronize(handle)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return times
-
-
 def _mpi_allreduce_times(numel: int, warmup: int, reps: int) -> list[float]:
     """Seconds of each of ``reps`` timed raw MPI all-reduces (``mpi4py``, in place, sum; run under
     horovodrun over MPI, which starts ``mpirun``): the bytes Horovod's MPI operations move, without Horovod."""
@@ -119,7 +96,7 @@ def bench_scaling(plan: Plan, deadline: float) -> Section:
         for r, (lib, n) in ar_order:
             job_args = (numel, ALLREDUCE_WARMUP, plan.allreduce_reps)
             if lib == "Horovod":
-                values = launch.run_horovod(_horovod_allreduce_times, n, args=job_args, timeout=300, echo=False)
+                values = launch.run_horovod(hvdtools.allreduce_times, n, args=job_args, timeout=300, echo=False)
             elif lib == "MPI":
                 values = launch.run_horovod(_mpi_allreduce_times, n, args=job_args, timeout=300, echo=False)
             else:
