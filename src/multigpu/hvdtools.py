@@ -1,14 +1,13 @@
-"""Horovod helpers for Lab 3: CPU-mode waits, composing the learner's script, running it.
+"""Horovod helpers for Lab 3: an all-reduce timer, composing the learner's script, running it.
 
 The run records the scripts write are read by :mod:`multigpu.run_records`.
 
-Why Horovod is slow on an oversubscribed CPU, and what :func:`patient_waits` does about it:
-``optimizer.step()`` waits for the gradients' all-reduce in ``hvd.synchronize()``, which Horovod
-implements as a busy loop (poll, ``std::this_thread::yield()``, poll ...). On a GPU machine that
-costs one otherwise idle CPU core. In CPU mode the core it burns is the one the worker's own
-Horovod background thread (which runs the all-reduce) and the other workers need: the
-waiting makes the all-reduce slower. :func:`patient_waits` makes the optimizer poll with short
-sleeps instead, then calls Horovod's own ``synchronize`` (which returns at once).
+Waiting for an all-reduce on a CPU-only machine: ``optimizer.step()`` waits for the gradients'
+all-reduce in ``hvd.synchronize()``. Horovod 0.28.1 implements that wait as a poll-and-yield loop,
+which on a GPU machine costs one otherwise idle core but on a CPU-only machine takes the core the
+worker's own Horovod background thread (which runs the all-reduce) and the other workers need.
+The project's patch of Horovod (``tools/horovod-0.28.1.patch``, item 4) makes the wait sleep until
+the background thread reports the handle done, so a plain Horovod script needs nothing more.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import ast
 import builtins
 import inspect
-import os
 import sys
 import textwrap
 import time
@@ -24,40 +22,12 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-#: Seconds between two polls of an unfinished all-reduce in :func:`patient_waits`.
-POLL_INTERVAL_S = 2e-4
-
-
-def patient_waits(optimizer: Any, interval_s: float = POLL_INTERVAL_S) -> Any:
-    """Make a Horovod ``DistributedOptimizer`` wait for its all-reduces without spinning.
-
-    Replaces ``optimizer.synchronize`` (called by ``step()``) with one that first polls each
-    pending handle with ``hvd.poll`` and sleeps ``interval_s`` between polls, then calls the
-    original. Does nothing on an optimizer without Horovod handles or when
-    ``MULTIGPU_HOROVOD_SPIN=1`` (Horovod's own busy wait, for comparison). Returns ``optimizer``.
-    """
-    if os.environ.get("MULTIGPU_HOROVOD_SPIN", "") not in ("", "0") or not hasattr(optimizer, "_handles"):
-        return optimizer
-    import horovod.torch as hvd
-
-    original = optimizer.synchronize
-
-    def synchronize() -> None:
-        for handle, _ in list(optimizer._handles.values()):
-            if handle is not None and not callable(handle):
-                while not hvd.poll(handle):
-                    time.sleep(interval_s)
-        return original()
-
-    optimizer.synchronize = synchronize
-    return optimizer
-
 
 def allreduce_times(numel: int, warmup: int, reps: int) -> list[float]:
     """In a Horovod worker (under horovodrun): seconds of each of ``reps`` timed in-place sums
     of ``numel`` float32, after ``warmup`` untimed ones (connections set up, buffers allocated),
-    waited for as the course's scripts wait (polls with short sleeps, not Horovod's busy loop,
-    which takes the core the all-reduce needs). ``make bench`` and Lab 4's links time with it."""
+    each waited for with ``hvd.synchronize`` as a training step waits. ``make bench`` and Lab 4's
+    links time with it."""
     import horovod.torch as hvd
     import torch
 
@@ -66,10 +36,7 @@ def allreduce_times(numel: int, warmup: int, reps: int) -> list[float]:
     times = []
     for i in range(warmup + reps):
         t0 = time.perf_counter()
-        handle = hvd.allreduce_async_(tensor, op=hvd.Sum, name="bench.allreduce")
-        while not hvd.poll(handle):
-            time.sleep(POLL_INTERVAL_S)
-        hvd.synchronize(handle)
+        hvd.synchronize(hvd.allreduce_async_(tensor, op=hvd.Sum, name="bench.allreduce"))
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return times

@@ -899,5 +899,4 @@ def _judge_throughput(rec: runner.RunRecord, loaded: dict[tuple[int, int], dict]
         else:
             return Criterion("throughput", POINTS["throughput"], False,
                              f"{figures}: too slow. Give each worker cores // workers threads, "
-                             "wait for all-reduces patiently (hvdtools.patient_waits), use a larger "
-                             "per-worker batch, and print/evaluate less often")
+                             "use a larger per-worker batch, and print/evaluate less often")

@@ -25,8 +25,9 @@ environment (``MULTIGPU_GRADING_PROFILE`` wins; ``MULTIGPU_QUICK=1`` picks ``qui
 
 How the cpu profile was set (2026-11-23, the 2-core CPU machine, ``multigpu calibrate --profile
 cpu``, sandboxed): the reference conversion (``solutions/assessments/train.py``: per-worker batch
-32, lr 0.01 x 4 after a 1-epoch warm-up, 5 epochs, the last 2 at a tenth of the rate, Horovod's
-waits made patient with ``hvdtools.patient_waits``) held 97.6-99.3% over epochs 4-5 in earlier
+32, lr 0.01 x 4 after a 1-epoch warm-up, 5 epochs, the last 2 at a tenth of the rate; its waits
+for the all-reduce then made patient by a course helper, since replaced by the project's Horovod
+patch, which makes ``hvd.synchronize`` itself sleep) held 97.6-99.3% over epochs 4-5 in earlier
 gradings and 98.2% in this session's, so A = 80% sits well below what two settled epochs reach.
 Its efficiency against the one-thread ideal (2 x one worker of the starter with one thread) was
 0.63 on a quiet machine (409 s a grading); with Horovod's busy wait the same script ran at about

@@ -46,7 +46,7 @@ import horovod.torch as hvd  # Horovod: the PyTorch binding
 import torch
 from torch.utils.data import DistributedSampler
 
-from multigpu import data, devices, hvdtools, models, run_records, schedules
+from multigpu import data, devices, models, run_records, schedules
 from multigpu import training
 from multigpu.scripts import common
 
@@ -156,8 +156,6 @@ def main(argv: list[str] | None = None) -> dict:
         broadcast_state(model, optimizer)  # Horovod: step 6
     start_checksum = common.checksum(model)
     _accept_set_to_none(optimizer)
-    if device.type == "cpu":
-        hvdtools.patient_waits(optimizer)  # Horovod: CPU mode: wait for all-reduces without spinning
 
     local: dict[str, list[float]] = {}
     shards: list[list[int]] = []

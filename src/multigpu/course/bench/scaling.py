@@ -130,11 +130,11 @@ def bench_scaling(plan: Plan, deadline: float) -> Section:
 
 
 #: Horovod's CPU-mode levers: label -> environment of the run (on top of the course's defaults:
-#: patient waits, pinned workers, ``launch.CPU_FUSION_THRESHOLD``). ``bench_levers`` measures each beside the defaults, torch
+#: pinned workers, ``launch.CPU_FUSION_THRESHOLD``; Horovod's waits sleep, the project's patch). ``bench_levers`` measures each beside the defaults, torch
 #: DDP and one one-thread worker, interleaved; the README's lever table comes from it.
 LEVERS: dict[str, dict[str, str]] = {
-    "course default (patient waits, pinned, 4 MB fusion)": {},
-    "busy wait (Horovod's own)": {"MULTIGPU_HOROVOD_SPIN": "1"},
+    "course default (pinned, 4 MB fusion)": {},
+    "HOROVOD_CYCLE_TIME=0.2 (ms)": {"HOROVOD_CYCLE_TIME": "0.2"},
     "not pinned": {"MULTIGPU_PIN": "0"},
     "HOROVOD_CYCLE_TIME=5 (ms)": {"HOROVOD_CYCLE_TIME": "5"},
     "HOROVOD_FUSION_THRESHOLD=128 MB (Horovod's default)": {"HOROVOD_FUSION_THRESHOLD": str(128 * 2**20)},
