@@ -65,32 +65,63 @@ def bench_pipeline(plan: Plan, deadline: float) -> Section:
     dataset = data.JPEGFolder(root, data.train_transform(training.REFERENCE.image_size), split="train")
     loader = data.make_loader(dataset, training.REFERENCE.batch_size)  # every other setting at its default
     warmup = 1
-    batches = itertools.islice(iter(loader.batch_sampler), warmup, warmup + plan.pipeline_batches)
+    batches = list(itertools.islice(iter(loader.batch_sampler), warmup, warmup + plan.pipeline_batches))
     paths = [dataset.samples[i][0] for batch in batches for i in batch]  # exactly the files a timed run loads
     workers = loader.num_workers
+    # Where the loader's time beyond read + decode goes: its batch step alone, on samples decoded
+    # beforehand (crop, flip, normalise: the loader's own collate), and the part of it no loader
+    # that hands out normalised float32 images can skip (uint8 -> float32, normalise; no augmentation).
+    decoded = [[dataset[i] for i in batch] for batch in batches]
+    plain = data.val_transform(training.REFERENCE.image_size)
+    stacked = [plain.stack([image for image, _ in batch]) for batch in decoded]
     section.notes += [
         f"`data.make_loader` defaults: batch size {loader.batch_size} (the reference), {workers} loader worker "
         f"process(es); {len(paths)} images of the generated set per run after {warmup} warm-up batch.",
         f"Bound: the same files read and decoded by Pillow in a tight loop in "
         f"{f'{workers} processes' if workers else 'the main process'} (as many as the loader uses), no augmentation.",
+        "Batch step: the loader's `collate` (crop, flip, normalise into the float32 batch) on the same images "
+        "decoded beforehand; conversion: `val_transform`'s batch step (uint8 -> float32, normalise, nothing "
+        "random), what any loader that hands out normalised float32 images must do. The ceiling is the bound's "
+        "time per image over that time plus the conversion's; 'the rest per image' is the loader's time per "
+        "image less the bound's and the batch step's (the DataLoader's bookkeeping, the copy out of Pillow).",
         "One untimed round of each first (page cache, start-up).",
     ]
-    rates: dict[str, list[float]] = {"loader": [], "bound": []}
+
+    def per_image_us(step: Callable[[Any], Any], inputs: Sequence[Any]) -> float:
+        t0 = time.perf_counter()
+        for x in inputs:
+            step(x)
+        return 1e6 * (time.perf_counter() - t0) / len(paths)
+
+    rates: dict[str, list[float]] = {"loader": [], "bound": [], "batch step": [], "conversion": []}
     order = interleave(list(rates), plan.pipeline_repeats)
     with DecodeBound(paths, workers) as bound, steps("pipeline", len(order)) as log:
         measure: dict[str, Callable[[], float]] = {
             "loader": lambda: profiling.loader_images_per_s(loader, batches=plan.pipeline_batches, warmup=warmup),
             "bound": bound.images_per_s,
+            "batch step": lambda: per_image_us(loader.collate_fn, decoded),
+            "conversion": lambda: per_image_us(plain.batch, stacked),
         }
         for run in measure.values():
             run()
         for r, name in order:
             rates[name].append(measure[name]())
-            log.finished(f"{name}, repeat {r + 1}/{plan.pipeline_repeats}: {fmt(rates[name][-1], 'images/s')}")
+            unit = "images/s" if name in ("loader", "bound") else "us"
+            log.finished(f"{name}, repeat {r + 1}/{plan.pipeline_repeats}: {fmt(rates[name][-1], unit)}")
+    loader_us = [1e6 / x for x in rates["loader"]]
+    bound_us = [1e6 / x for x in rates["bound"]]
     section.figures = [
         Figure("read + decode + augment (default DataLoader)", "images/s", rates["loader"]),
         Figure("read + decode bound (Pillow alone)", "images/s", rates["bound"]),
         Figure("pipeline / bound", "ratio", [a / b for a, b in zip(rates["loader"], rates["bound"])], Target(">=", 0.9)),
+        Figure("read + decode, per image", "us", bound_us),
+        Figure("batch step (crop, flip, normalise), per image", "us", rates["batch step"]),
+        Figure("the rest, per image (DataLoader bookkeeping, copy out of Pillow)", "us",
+               [total - b - c for total, b, c in zip(loader_us, bound_us, rates["batch step"])]),
+        Figure("uint8 -> normalised float32 alone (no augmentation), per image", "us", rates["conversion"]),
+        Figure("ceiling of a loader that hands out normalised float32: bound / (bound + conversion)", "ratio",
+               [b / (b + c) for b, c in zip(bound_us, rates["conversion"])],
+               note="per repeat; what read + decode and the unavoidable conversion alone allow"),
     ]
     return section
 

@@ -115,7 +115,7 @@ class Figure:
     """One reported number: its samples, unit, optional target; or the error that stopped it."""
 
     name: str
-    unit: str  #: ``"s"``, ``"ms"``, ``"images/s"`` or ``"ratio"``
+    unit: str  #: ``"s"``, ``"ms"``, ``"us"``, ``"images/s"`` or ``"ratio"``
     samples: list[float] = field(default_factory=list)
     target: Target | None = None
     note: str = ""
@@ -165,8 +165,8 @@ def fmt(x: float, unit: str, *, with_unit: bool = True) -> str:
     """A value as the tables show it: seconds from 100 s on as minutes, rates without decimals."""
     if unit == "s":
         text, suffix = (f"{x / 60:.1f}", "min") if x >= 100 else (f"{x:.1f}", "s")
-    elif unit == "ms":
-        text, suffix = f"{x:.1f}", "ms"
+    elif unit in ("ms", "us"):
+        text, suffix = f"{x:.1f}", unit
     elif unit == "images/s":
         text, suffix = f"{x:,.0f}", "images/s"
     else:
