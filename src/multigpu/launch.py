@@ -526,11 +526,13 @@ def run_horovod(
     env: dict[str, str] | None = None,
     echo: bool = True,
     link: EmulatedLink | None = None,
+    hosts: str | None = None,
+    horovod_args: Sequence[str] = (),
 ) -> list[Any]:
     """Run ``fn(*args)`` in ``np`` processes under ``horovodrun``; return each rank's value.
 
-    ``fn`` calls ``hvd.init()`` itself, exactly as a training script would. ``link``: see
-    :func:`horovodrun`.
+    ``fn`` calls ``hvd.init()`` itself, exactly as a training script would. ``link``, ``hosts``,
+    ``horovod_args``: see :func:`horovodrun`.
     """
     with tempfile.TemporaryDirectory(prefix="multigpu-hvd-") as tmp:
         outdir = Path(tmp)
@@ -544,6 +546,8 @@ def run_horovod(
             echo=echo,
             check=False,
             link=link,
+            hosts=hosts,
+            horovod_args=horovod_args,
         )
         values = _read_values(outdir, np, [f"rank {r}" for r in range(np)], result, f"horovodrun -np {np}")
         if result.returncodes[0] != 0:

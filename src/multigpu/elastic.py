@@ -1,0 +1,205 @@
+"""Lab 4: elastic Horovod on one machine: a worker dies, training goes on, and no sample is lost.
+
+:func:`run` starts :mod:`multigpu.scripts.train_elastic` under ``horovodrun`` in elastic mode
+(``--min-np``/``--max-np`` and a host discovery script) and can kill a worker mid-epoch: the
+course's supervisor (:func:`multigpu.launch.supervise`) watches the job and, at the chosen commit,
+sends SIGKILL to one worker, as a lost machine would. Horovod treats a worker's death as its
+host's: the host is blacklisted and every worker on it leaves; ``cooldown_s`` lets the host back
+after a while, and the job grows again at its next commit.
+
+One machine, several hosts: Horovod starts a worker without SSH when the host's name resolves to
+an address of this machine, so ``localhost`` and ``127.0.0.1`` are two hosts for it (see
+:mod:`multigpu.multinode`).
+
+The ledger the script writes (one JSON-lines file per worker process) is read by
+:func:`read_ledger`; :func:`account` checks that the committed samples cover every sample of every
+epoch exactly once: nothing lost, nothing trained twice past the last commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from multigpu import launch
+
+#: The two hosts of the one-machine rehearsal (both resolve to this machine).
+HOSTS = ("localhost", "127.0.0.1")
+SCRIPT_MODULE = "multigpu.scripts.train_elastic"
+
+
+@dataclass
+class Entry:
+    """One line of a worker's ledger, with the process that wrote it."""
+
+    pid: int
+    event: str  #: "start", "commit", "reset" or "end"
+    data: dict
+
+
+@dataclass
+class Accounting:
+    """What the ledger says about a run (see :func:`account`)."""
+
+    dataset_size: int
+    epochs: int
+    sizes: list[int]  #: the number of workers, at the start and after each reset
+    resets: int
+    lost_samples: int  #: uncommitted samples the surviving workers threw away at resets
+    missing: dict[int, list[int]] = field(default_factory=dict)  #: epoch -> samples never committed
+    repeated: dict[int, list[int]] = field(default_factory=dict)  #: epoch -> samples committed twice or more
+
+    @property
+    def exact(self) -> bool:
+        return not any(self.missing.values()) and not any(self.repeated.values())
+
+    def report(self) -> str:
+        lines = [f"workers over the run: {' -> '.join(map(str, self.sizes))} ({self.resets} reset(s)); "
+                 f"uncommitted samples thrown away by the survivors: {self.lost_samples}"]
+        for epoch in range(self.epochs):
+            missing, repeated = self.missing.get(epoch, []), self.repeated.get(epoch, [])
+            lines.append(f"epoch {epoch + 1}: {self.dataset_size - len(missing)} of {self.dataset_size} samples "
+                         f"committed, {len(missing)} missing, {len(repeated)} more than once"
+                         + (f" (e.g. {(missing or repeated)[:5]})" if missing or repeated else ""))
+        return "\n".join(lines)
+
+
+@dataclass
+class ElasticRun:
+    """What :func:`run` returns."""
+
+    result: launch.JobResult
+    accounting: Accounting
+    entries: list[Entry]
+    killed: list[tuple[float, int]]  #: (seconds into the run, pid) of each worker killed
+
+
+def write_discovery(folder: Path, hosts: dict[str, int]) -> Path:
+    """A host discovery script in ``folder`` that prints the hosts of ``folder/hosts.txt``, and
+    that file with ``hosts``; :func:`set_hosts` changes them while the job runs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    set_hosts(folder, hosts)
+    script = folder / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat '{folder / 'hosts.txt'}'\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return script
+
+
+def set_hosts(folder: Path, hosts: dict[str, int]) -> None:
+    """What the discovery script reports from now on (``{host: slots}``), written atomically."""
+    tmp = folder / "hosts.txt.tmp"
+    tmp.write_text("".join(f"{host}:{slots}\n" for host, slots in hosts.items()))
+    os.replace(tmp, folder / "hosts.txt")
+
+
+def read_ledger(folder: Path) -> list[Entry]:
+    """Every ledger line under ``folder`` in time order."""
+    entries = []
+    for path in Path(folder).glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                d = json.loads(line)
+                entries.append(Entry(int(path.stem), d["event"], d))
+    return sorted(entries, key=lambda e: e.data["time"])
+
+
+def account(entries: list[Entry], dataset_size: int, epochs: int) -> Accounting:
+    """Count each sample's commits per epoch; with the run's worker counts and resets."""
+    counts: dict[int, Counter] = {e: Counter() for e in range(epochs)}
+    sizes: list[int] = []
+    resets, lost = 0, 0
+    for entry in entries:
+        if entry.event == "commit":
+            counts[entry.data["epoch"]].update(entry.data["indices"])
+        elif entry.event == "start" and not sizes:
+            sizes.append(entry.data["size"])
+        elif entry.event == "reset":
+            lost += entry.data.get("lost", 0)
+            if entry.data["rank"] == 0:  # one line per reset for the run
+                resets += 1
+                sizes.append(entry.data["size"])
+    result = Accounting(dataset_size, epochs, sizes, resets, lost)
+    for epoch, c in counts.items():
+        result.missing[epoch] = [i for i in range(dataset_size) if c[i] == 0]
+        result.repeated[epoch] = sorted(i for i, n in c.items() if n > 1)
+    return result
+
+
+def worker_pids(folder: Path, host: str | None = None) -> list[int]:
+    """The live worker processes of the ledger in ``folder`` (on ``host`` only, if given)."""
+    pids = []
+    for entry in read_ledger(folder):
+        if entry.event == "start" and (host is None or entry.data.get("host") == host):
+            try:
+                os.kill(entry.pid, 0)
+            except ProcessLookupError:
+                continue
+            pids.append(entry.pid)
+    return pids
+
+
+def run(
+    out: str | os.PathLike,
+    *,
+    hosts: dict[str, int] | None = None,
+    min_np: int = 2,
+    kill_at_commit: int | None = None,
+    kill_delay_s: float = 0.0,
+    kill_host: str = HOSTS[0],
+    cooldown_s: tuple[int, int] | None = None,
+    gloo_timeout_s: int = 10,
+    script_args: list[str] | tuple[str, ...] = (),
+    timeout: float = 300.0,
+    echo: bool = True,
+) -> ElasticRun:
+    """Run the elastic script on ``hosts`` (default: 2 slots on each of :data:`HOSTS`); with
+    ``kill_at_commit=K``, SIGKILL one worker on ``kill_host`` ``kill_delay_s`` after the run's K-th
+    commit (a delay leaves uncommitted steps for the survivors to throw away).
+    ``cooldown_s``: Horovod's blacklist cool-down range, after which the lost host may rejoin.
+    ``gloo_timeout_s``: how long a worker waits in a collective before it gives a peer up for lost
+    (Horovod's default, 30 s, is most of the recovery time on one machine).
+    ``script_args``: options of :mod:`multigpu.scripts.train_elastic`."""
+    out = Path(out)
+    ledger = out / "ledger"
+    ledger.mkdir(parents=True, exist_ok=True)
+    for old in ledger.glob("*.jsonl"):
+        old.unlink()
+    hosts = hosts or {h: 2 for h in HOSTS}
+    script = write_discovery(out / "discovery", hosts)
+    total = sum(hosts.values())
+    cmd = [launch.executable("horovodrun"), "--gloo", "-np", str(total), "--min-np", str(min_np),
+           "--max-np", str(total), "--host-discovery-script", str(script), "--gloo-timeout-seconds", str(gloo_timeout_s)]
+    if cooldown_s:
+        cmd += ["--blacklist-cooldown-range", str(cooldown_s[0]), str(cooldown_s[1])]
+    cmd += [sys.executable, "-m", SCRIPT_MODULE, "--ledger", str(ledger), *script_args]
+    killed: list[tuple[float, int]] = []
+
+    def on_tick(elapsed: float) -> str:
+        if kill_at_commit is None or killed:
+            return ""
+        commits = [e for e in read_ledger(ledger) if e.event == "commit" and e.data["rank"] == 0]
+        if len(commits) >= kill_at_commit and time.time() >= commits[kill_at_commit - 1].data["time"] + kill_delay_s:
+            victims = worker_pids(ledger, kill_host)
+            if victims:
+                os.kill(victims[0], signal.SIGKILL)
+                killed.append((elapsed, victims[0]))
+                if echo:
+                    print(f"[elastic] {elapsed:.1f} s: killed worker pid {victims[0]} on {kill_host}, "
+                          f"{kill_delay_s:g} s after commit {kill_at_commit}", flush=True)
+        return ""
+
+    proc = launch.start(cmd, env=launch.worker_env({"HOROVOD_LOG_LEVEL": "warning"}), cwd=out)
+    result = launch.supervise([proc], ["horovodrun"], timeout, echo=echo, what="elastic horovodrun",
+                              on_tick=on_tick, tick_s=0.2)
+    from multigpu.scripts import train_elastic
+
+    options = train_elastic.parse_args(list(script_args))
+    entries = read_ledger(ledger)
+    return ElasticRun(result, account(entries, options.synthetic, options.epochs), entries, killed)
