@@ -13,13 +13,16 @@ Lab 1 (GD vs SGD)      ``toy``, ``gradient_noise``, ``batching``, ``schedules`` 
                        learning-rate rule: linear scaling with warm-up)
 Lab 2 (pipeline)       ``profiling`` (where one device's time goes), ``paramserver`` (naive
                        data parallelism), ``scaling_model``, ``ring`` (Lab 2b)
-Lab 3 (Horovod)        ``hvdtools`` (CPU-mode waits, composing the learner's script,
+Lab 3 (Horovod)        ``hvdtools`` (an all-reduce timer, composing the learner's script,
                        running it), ``run_records`` (the scripts' per-rank records, scaling
                        tables), ``record_checks`` (facts of a correct run), ``timeline``,
                        ``scripts.train_horovod`` / ``scripts.train_ddp`` (sharing
                        ``scripts.common``)
 Lab 4 (being built)    ``links`` (a Horovod job behind an emulated network link: a
-                       rate-limited loopback in a namespace of its own)
+                       rate-limited loopback in a namespace of its own), ``multinode``
+                       (the multi-node command, checked; 2 hosts on one machine),
+                       ``elastic`` (a worker killed mid-epoch, the sample ledger;
+                       ``scripts.train_elastic``)
 the assessment         ``grading`` (rules, the sandboxed runner, the grader, the official
                        grading, certificates, broken variants)
 course tooling         ``course``: ``layout`` (where the course's folders are),
