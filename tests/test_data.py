@@ -304,23 +304,9 @@ def test_training_batch_is_deterministic_by_seed_and_batch_equals_collate():
         t.batch(dense.float())
 
 
-class WithIndex(torch.utils.data.Dataset):
-    """As the assessment's starter script wraps the training set: ``(image, label, index)``."""
-
-    def __init__(self, dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i: int):
-        image, label = self.dataset[i]
-        return image, label, i
-
-
 def test_with_index_wrapper_gets_normalised_batches_and_indices(tmp_path):
     root = data.generate_dataset(tmp_path / "g", seed=0, progress=False, **SMALL)
-    ds = WithIndex(data.JPEGFolder(root, data.train_transform(32), split="train"))
+    ds = data.WithIndex(data.JPEGFolder(root, data.train_transform(32), split="train"))
     seen = []
     for images, labels, index in data.make_loader(ds, 5, shuffle=True, seed=3):
         assert images.dtype == torch.float32 and images.shape[1:] == (3, 32, 32)

@@ -57,6 +57,7 @@ from .datasets import (  # noqa: F401
     find_classes,
     JPEGFolder,
     SyntheticImages,
+    WithIndex,
 )
 from .transforms import (  # noqa: F401
     MEAN,

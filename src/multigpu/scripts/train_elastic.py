@@ -38,23 +38,9 @@ from pathlib import Path
 
 import horovod.torch as hvd
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from multigpu import data, devices, models
-
-
-class Indexed(Dataset):
-    """``(image, label, index)``: the index is what the ledger records."""
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i: int):
-        image, label = self.dataset[i]
-        return image, label, i
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     if devices.detect().mode == "cpu":
         torch.set_num_threads(devices.threads_per_worker(hvd.local_size()))
-    dataset = Indexed(data.SyntheticImages(args.synthetic, models.default_image_size(args.model), seed=args.seed))
+    dataset = data.WithIndex(data.SyntheticImages(args.synthetic, models.default_image_size(args.model), seed=args.seed))
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=args.seed)  # Elastic: re-divides what is left
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     model = models.build_model(args.model)
