@@ -22,7 +22,8 @@ Lab 4 (being built)    ``links`` (a Horovod job behind an emulated network link:
                        rate-limited loopback in a namespace of its own), ``multinode``
                        (the multi-node command, checked; 2 hosts on one machine),
                        ``elastic`` (a worker killed mid-epoch, the sample ledger;
-                       ``scripts.train_elastic``)
+                       ``scripts.train_elastic``), ``costs`` (time and cost on 1..N
+                       GPUs, spot interruptions with and without checkpoints)
 the assessment         ``grading`` (rules, the sandboxed runner, the grader, the official
                        grading, certificates, broken variants)
 course tooling         ``course``: ``layout`` (where the course's folders are),

@@ -1,0 +1,106 @@
+"""Lab 4: what a training run costs on 1..N GPUs, on demand and on spot instances.
+
+Time to train on ``n`` GPUs is one GPU's time over ``n x efficiency(n)``; the bill is GPU-hours
+times the price. Spot instances are cheaper but can be taken away: with interruptions arriving
+at random (a Poisson process of ``rate`` per hour), a job of ``T`` hours that restarts from zero
+after each one takes ``(exp(rate T) - 1) / rate`` hours on average; one that saves its state every
+``tau`` hours (a checkpoint costing ``c``, a restart costing ``r``) pays that only per segment:
+``T / tau x exp(rate r) (exp(rate (tau + c)) - 1) / rate`` (the classical result for restarts
+from checkpoints: Daly, "A higher order estimate of the optimum checkpoint interval for
+restart dumps", 2006). Elastic training (Lab 4, part 3) is, to a first approximation, the same
+with a commit for a checkpoint: what is lost is the work since the last commit, and the restart
+is a reset of a few seconds instead of a job's start (it also goes on with fewer GPUs meanwhile,
+which this model leaves out).
+
+The default prices are the 2017 figures of the course's sources (the BEEVA blog post on
+multi-GPU training on AWS): a K80 for about $0.3 an hour on spot, an AWS p3 server from about $3
+an hour on demand (1 V100) to about $24 (8 V100s). They are dated on purpose: pass today's prices
+as parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+#: Price per GPU-hour, in US dollars, as the sources quoted them in 2017.
+PRICES_2017 = {
+    "K80, spot": 0.30,
+    "V100, on demand (1-GPU server, $3/h)": 3.0,
+    "V100, on demand (8-GPU server, $24/h)": 24.0 / 8,
+}
+
+
+def hours_to_train(one_gpu_hours: float, n: int, efficiency: float) -> float:
+    """Wall-clock hours on ``n`` GPUs for a job of ``one_gpu_hours`` on one GPU, at ``efficiency``
+    (measured or modelled; 1.0 = perfect scaling)."""
+    if n < 1 or not 0 < efficiency <= 1.5:
+        raise ValueError(f"need n >= 1 and 0 < efficiency <= 1.5, got n={n}, efficiency={efficiency}")
+    return one_gpu_hours / (n * efficiency)
+
+
+def expected_hours_with_interruptions(hours: float, rate_per_hour: float, *, checkpoint_every: float | None = None,
+                                      checkpoint_cost: float = 0.0, restart_cost: float = 0.0) -> float:
+    """Expected wall-clock hours of a job of ``hours`` when interruptions come at ``rate_per_hour``
+    (Poisson). Without checkpoints every interruption starts the job again; with
+    ``checkpoint_every=tau`` only the segment since the last checkpoint is lost (each checkpoint
+    costs ``checkpoint_cost`` hours, each restart ``restart_cost``). ``rate_per_hour=0``: no
+    interruption, the checkpoints still cost their time."""
+    if hours < 0 or rate_per_hour < 0:
+        raise ValueError("hours and rate must be >= 0")
+    if checkpoint_every is None:
+        tau, c, segments = hours, 0.0, 1.0
+    else:
+        if checkpoint_every <= 0:
+            raise ValueError("checkpoint_every must be > 0")
+        tau, c, segments = checkpoint_every, checkpoint_cost, hours / checkpoint_every
+    if rate_per_hour == 0:
+        return segments * (tau + c)
+    lam = rate_per_hour
+    return segments * math.exp(lam * restart_cost) * math.expm1(lam * (tau + c)) / lam
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to run the job, and what it is expected to take and cost."""
+
+    gpus: int
+    price_per_gpu_hour: float
+    label: str
+    hours: float  #: expected wall-clock hours, interruptions included
+    cost: float  #: expected dollars
+
+    def __str__(self) -> str:
+        return f"{self.gpus:>3} GPUs, {self.label}: {self.hours:.2f} h, ${self.cost:,.2f}"
+
+
+def options(one_gpu_hours: float, efficiency: Callable[[int], float], gpus: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), *,
+            on_demand: float = PRICES_2017["V100, on demand (1-GPU server, $3/h)"],
+            spot: float | None = None, interruptions_per_hour: float = 0.1, checkpoint_every: float | None = None,
+            checkpoint_cost: float = 0.0, restart_cost: float = 0.0) -> list[Option]:
+    """Every way to run the job: each GPU count on demand, and (with a ``spot`` price) on spot,
+    restarting from zero or, with ``checkpoint_every``, from the last checkpoint (or commit).
+    ``efficiency(n)``: the scaling efficiency at ``n`` GPUs (a measured table's ``.get``, or a
+    model's curve). Spot interruptions are a rate per hour of the whole job (one lost machine
+    interrupts all of them)."""
+    out = []
+    for n in gpus:
+        hours = hours_to_train(one_gpu_hours, n, efficiency(n))
+        out.append(Option(n, on_demand, "on demand", hours, n * on_demand * hours))
+        if spot is None:
+            continue
+        plain = expected_hours_with_interruptions(hours, interruptions_per_hour)
+        out.append(Option(n, spot, "spot, restart from zero", plain, n * spot * plain))
+        if checkpoint_every is not None:
+            saved = expected_hours_with_interruptions(hours, interruptions_per_hour, checkpoint_every=checkpoint_every,
+                                                      checkpoint_cost=checkpoint_cost, restart_cost=restart_cost)
+            out.append(Option(n, spot, "spot, from the last checkpoint", saved, n * spot * saved))
+    return out
+
+
+def cheapest_within(choices: Sequence[Option], deadline_hours: float) -> Option | None:
+    """The cheapest option expected to finish within ``deadline_hours`` (ties: the faster one);
+    None when none does."""
+    fitting = [o for o in choices if o.hours <= deadline_hours]
+    return min(fitting, key=lambda o: (o.cost, o.hours)) if fitting else None
