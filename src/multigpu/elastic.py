@@ -23,15 +23,13 @@ import os
 import signal
 import stat
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from multigpu import launch
+from multigpu.multinode import ONE_BOX_HOSTS
 
-#: The two hosts of the one-machine rehearsal (both resolve to this machine).
-HOSTS = ("localhost", "127.0.0.1")
 SCRIPT_MODULE = "multigpu.scripts.train_elastic"
 
 
@@ -40,7 +38,7 @@ class Entry:
     """One line of a worker's ledger, with the process that wrote it."""
 
     pid: int
-    event: str  #: "start", "commit", "reset" or "end"
+    event: str  #: "start", "step" (rank 0 only), "commit", "reset" or "end"
     data: dict
 
 
@@ -132,10 +130,10 @@ def account(entries: list[Entry], dataset_size: int, epochs: int) -> Accounting:
     return result
 
 
-def worker_pids(folder: Path, host: str | None = None) -> list[int]:
-    """The live worker processes of the ledger in ``folder`` (on ``host`` only, if given)."""
+def worker_pids(entries: list[Entry], host: str | None = None) -> list[int]:
+    """The worker processes of a ledger that are still alive (on ``host`` only, if given)."""
     pids = []
-    for entry in read_ledger(folder):
+    for entry in entries:
         if entry.event == "start" and (host is None or entry.data.get("host") == host):
             try:
                 os.kill(entry.pid, 0)
@@ -151,17 +149,19 @@ def run(
     hosts: dict[str, int] | None = None,
     min_np: int = 2,
     kill_at_commit: int | None = None,
-    kill_delay_s: float = 0.0,
-    kill_host: str = HOSTS[0],
+    kill_after_steps: int = 0,
+    kill_host: str = ONE_BOX_HOSTS[0],
     cooldown_s: tuple[int, int] | None = None,
     gloo_timeout_s: int = 10,
     script_args: list[str] | tuple[str, ...] = (),
     timeout: float = 300.0,
     echo: bool = True,
 ) -> ElasticRun:
-    """Run the elastic script on ``hosts`` (default: 2 slots on each of :data:`HOSTS`); with
-    ``kill_at_commit=K``, SIGKILL one worker on ``kill_host`` ``kill_delay_s`` after the run's K-th
-    commit (a delay leaves uncommitted steps for the survivors to throw away).
+    """Run the elastic script on ``hosts`` (default: 2 slots on each of
+    :data:`multigpu.multinode.ONE_BOX_HOSTS`); with
+    ``kill_at_commit=K``, SIGKILL one worker on ``kill_host`` once rank 0 has made
+    ``kill_after_steps`` steps past the run's K-th commit (steps that every worker has trained and
+    no commit holds: the survivors throw them away).
     ``cooldown_s``: Horovod's blacklist cool-down range, after which the lost host may rejoin.
     ``gloo_timeout_s``: how long a worker waits in a collective before it gives a peer up for lost
     (Horovod's default, 30 s, is most of the recovery time on one machine).
@@ -171,7 +171,7 @@ def run(
     ledger.mkdir(parents=True, exist_ok=True)
     for old in ledger.glob("*.jsonl"):
         old.unlink()
-    hosts = hosts or {h: 2 for h in HOSTS}
+    hosts = hosts or {h: 2 for h in ONE_BOX_HOSTS}
     script = write_discovery(out / "discovery", hosts)
     total = sum(hosts.values())
     cmd = [launch.executable("horovodrun"), "--gloo", "-np", str(total), "--min-np", str(min_np),
@@ -184,15 +184,19 @@ def run(
     def on_tick(elapsed: float) -> str:
         if kill_at_commit is None or killed:
             return ""
-        commits = [e for e in read_ledger(ledger) if e.event == "commit" and e.data["rank"] == 0]
-        if len(commits) >= kill_at_commit and time.time() >= commits[kill_at_commit - 1].data["time"] + kill_delay_s:
-            victims = worker_pids(ledger, kill_host)
+        entries = read_ledger(ledger)
+        commits = [e for e in entries if e.event == "commit" and e.data["rank"] == 0]
+        if len(commits) < kill_at_commit:
+            return ""
+        since = commits[kill_at_commit - 1].data["time"]
+        if sum(1 for e in entries if e.event == "step" and e.data["time"] > since) >= kill_after_steps:
+            victims = worker_pids(entries, kill_host)
             if victims:
                 os.kill(victims[0], signal.SIGKILL)
                 killed.append((elapsed, victims[0]))
                 if echo:
                     print(f"[elastic] {elapsed:.1f} s: killed worker pid {victims[0]} on {kill_host}, "
-                          f"{kill_delay_s:g} s after commit {kill_at_commit}", flush=True)
+                          f"{kill_after_steps} step(s) after commit {kill_at_commit}", flush=True)
         return ""
 
     proc = launch.start(cmd, env=launch.worker_env({"HOROVOD_LOG_LEVEL": "warning"}), cwd=out)

@@ -4,13 +4,12 @@ Lab 4 (being built) runs the course's jobs as if their workers were on machines 
 Mb/s, 1 Gb/s or 10 Gb/s link, on one box and without root: the job starts in a new user
 namespace with its own network namespace (``unshare --user --map-root-user --net``), whose only
 interface is a loopback of its own; ``tc``'s token bucket filter (``tbf``) on it limits every byte
-the workers send each other. What this machine showed (2026-11-24, the 2-core CPU machine, Horovod 0.28.1
-over Gloo, 2 workers, a 4 MiB all-reduce, ``make bench``'s links section, which times with
-:func:`multigpu.hvdtools.allreduce_times`): 5 ms on the namespace's unlimited loopback, 9 ms at
-10 Gb/s, 67.5 ms at 1 Gb/s and 673 ms at 100 Mb/s, against 7, 67 and 671 ms that
-:func:`predicted_allreduce_s` gives for the link alone: the slower the link, the more of the time
-it explains (with Horovod's own busy wait instead of short sleeps, beside a grading run: 13-17,
-16-20, 80 and 675 ms). Three facts shape the module:
+the workers send each other. What this machine showed (2026-11-24 21:51, the 2-core CPU machine,
+Horovod 0.28.1 over Gloo, 2 workers, a 4 MiB all-reduce, ``make bench``'s links section, which
+times with :func:`multigpu.hvdtools.allreduce_times`): 5.5 ms on the namespace's unlimited
+loopback, 8.4 ms at 10 Gb/s, 67.6 ms at 1 Gb/s and 675 ms at 100 Mb/s, against 6.7, 67 and 671 ms
+that :func:`predicted_allreduce_s` gives for the link alone: the slower the link, the more of the
+time it explains. Three facts shape the module:
 
 - ``burst`` must hold at least one full-size segment of the loopback (its MTU, 65,536 bytes): with
   a smaller bucket Gloo's connections time out ("Read error ... Connection timed out").

@@ -37,8 +37,6 @@ ONE_BOX_HOSTS = ("localhost", "127.0.0.1")
 #: Interfaces that never reach another machine.
 LOOPBACK_NICS = {"lo", "lo0"}
 
-_HOST = re.compile(r"^[A-Za-z0-9_.:-]+$")
-
 
 class CommandError(ValueError):
     """A command or host file that cannot be read at all; the message says why."""
@@ -50,10 +48,8 @@ class Command:
 
     np: int
     hosts: dict[str, int]  #: host -> slots, in order; empty when none is named
-    hostfile: str | None
     nics: set[str]
     hierarchical_allreduce: bool
-    controller: str  #: "gloo", "mpi" or "" (Horovod's default)
     program: list[str]  #: what every worker runs
 
 
@@ -77,15 +73,17 @@ def parse_hostfile(text: str) -> dict[str, int]:
 
 
 def _parse_hosts_option(value: str) -> dict[str, int]:
-    hosts: dict[str, int] = {}
-    for item in value.split(","):
-        host, _, slots = item.strip().rpartition(":")
-        if not host or not slots.isdigit() or not _HOST.match(host):
-            raise CommandError(f"-H {value}: each host is '<name>:<slots>', comma-separated, e.g. -H node1:4,node2:4")
-        if host in hosts:
-            raise CommandError(f"-H {value}: {host} is named twice")
-        hosts[host] = int(slots)
-    return hosts
+    """``-H``'s value read by Horovod's own reader, a host named twice refused."""
+    from horovod.runner.common.util.hosts import parse_hosts_and_slots
+
+    try:
+        names, slots = parse_hosts_and_slots(value)
+    except ValueError:
+        raise CommandError(f"-H {value}: each host is '<name>:<slots>', comma-separated, e.g. -H node1:4,node2:4") from None
+    twice = sorted({h for h in names if names.count(h) > 1})
+    if twice:
+        raise CommandError(f"-H {value}: {', '.join(twice)} is named twice")
+    return {h: slots[h] for h in names}
 
 
 def parse_command(command: str, hostfile: str | None = None) -> Command:
@@ -121,10 +119,8 @@ def parse_command(command: str, hostfile: str | None = None) -> Command:
         hosts = parse_hostfile(hostfile)
     else:
         hosts = {}
-    controller = "gloo" if args.use_gloo else "mpi" if args.use_mpi else ""
     hierarchical = bool(args.hierarchical_allreduce) or env.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "1"
-    return Command(args.num_proc, hosts, args.hostfile, set(args.nics or ()), hierarchical, controller,
-                   list(args.command))
+    return Command(args.num_proc, hosts, set(args.nics or ()), hierarchical, list(args.command))
 
 
 def check_command(command: str, *, nodes: int, gpus_per_node: int, hostfile: str | None = None,

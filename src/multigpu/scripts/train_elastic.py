@@ -19,7 +19,8 @@ What makes it elastic (each such line carries a ``# Elastic:`` comment):
 
 The ledger (``--ledger DIR``): at every commit each process appends the indices of the samples it
 trained since the previous commit to ``DIR/<pid>.jsonl``; what it trained after its last commit
-is never written (the work a failure throws away). :func:`multigpu.elastic.account` checks that
+is never written (the work a failure throws away). Rank 0 also writes one line per step, without
+indices, so that a watcher can act between two commits. :func:`multigpu.elastic.account` checks that
 the written samples cover every sample of every epoch exactly once.
 
 Command line: ``--epochs`` (default 2), ``--batch-size`` per worker (default 16), ``--base-lr``
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
                 loss_fn(model(x), y).backward()
                 optimizer.step()
                 trained.extend(index.tolist())
+                if hvd.rank() == 0:  # a heartbeat: whoever watches the run sees it is between two commits
+                    write({"event": "step", "epoch": epoch, "rank": 0, "size": hvd.size(), "time": time.time()})
                 state.sampler.record_batch(step, args.batch_size)  # Elastic: these samples are done
                 if args.step_delay:
                     time.sleep(args.step_delay)
