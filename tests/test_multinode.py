@@ -27,14 +27,14 @@ def test_a_right_command_has_no_problem(command):
 
 @pytest.mark.parametrize("command, expected", [
     ("horovodrun -np 8 --network-interface eth0 --hierarchical-allreduce python train.py", "name the 2 hosts"),
-    ("horovodrun -np 8 -H node1:4 --network-interface eth0 --hierarchical-allreduce python train.py", "1 host(s) named"),
+    ("horovodrun -np 8 -H node1:4 --network-interface eth0 --hierarchical-allreduce python train.py", "name 2 hosts, one per machine: 1 named (node1)"),
     ("horovodrun -np 4 -H node1:2,node2:2 --network-interface eth0 --hierarchical-allreduce python train.py",
      "as many slots as it has GPUs (4)"),
     ("horovodrun -np 4 -H node1:4,node2:4 --network-interface eth0 --hierarchical-allreduce python train.py",
-     "-np 4: 2 nodes x 4 GPUs is 8 workers"),
+     "set -np 8, not 4: 2 nodes x 4 GPUs is 8 workers"),
     ("horovodrun -H node1:4,node2:4 --network-interface eth0 --hierarchical-allreduce python train.py", "required: -np/--num-proc"),
     ("horovodrun -np 8 -H localhost:4,node2:4 --network-interface eth0 --hierarchical-allreduce python train.py",
-     "localhost means a different machine on every node"),
+     "use the nodes' names or addresses: localhost means a different machine on every node"),
     ("horovodrun -np 8 -H node1:4,node2:4 --hierarchical-allreduce python train.py", "name the network interface"),
     ("horovodrun -np 8 -H node1:4,node2:4 --network-interface lo --hierarchical-allreduce python train.py",
      "--network-interface lo never reaches another machine"),
@@ -67,7 +67,7 @@ def test_a_host_file_is_read_as_horovodrun_reads_it(tmp_path):
             multinode.parse_hostfile(wrong)
     wrong_file = "horovodrun -np 8 --hostfile hosts.txt --network-interface eth0 --hierarchical-allreduce python train.py"
     assert problems(wrong_file, hostfile="node1 slots=8\n")[:2] == [
-        "1 host(s) named (node1); the job has 2",
+        "name 2 hosts, one per machine: 1 named (node1)",
         "give each host as many slots as it has GPUs (4), one worker per GPU: node1:8",
     ]
     assert "give its text too" in problems(wrong_file)[0]
@@ -76,26 +76,17 @@ def test_a_host_file_is_read_as_horovodrun_reads_it(tmp_path):
 def test_the_one_box_rehearsal_wants_the_machines_two_names():
     right = "horovodrun -np 4 -H localhost:2,127.0.0.1:2 --gloo --hierarchical-allreduce python train.py"
     assert multinode.check_command(right, nodes=2, gpus_per_node=2, one_box=True) == []
-    assert any("name it twice, as localhost and 127.0.0.1" in p for p in multinode.check_command(
+    assert any("name the one machine twice, as localhost and 127.0.0.1" in p for p in multinode.check_command(
         right.replace("127.0.0.1", "node2"), nodes=2, gpus_per_node=2, one_box=True))
     assert any("localhost and 127.0.0.1 mean a different machine" in p for p in problems(
         "horovodrun -np 8 -H localhost:4,127.0.0.1:4 --network-interface eth0 --hierarchical-allreduce python train.py"))
-
-
-def _where_am_i() -> tuple[int, int, int, int, int, int]:
-    import horovod.torch as hvd
-    import torch
-
-    hvd.init()
-    total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum).item()
-    return hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), int(total)
 
 
 @pytest.mark.slow
 def test_two_hosts_of_two_workers_on_one_machine():
     """``-H localhost:2,127.0.0.1:2``: Horovod sees 2 hosts of 2 workers (local and cross ranks as
     on a 2-node cluster) and an all-reduce spans all 4, with no SSH."""
-    ranks = launch.run_horovod(_where_am_i, 4, hosts=",".join(f"{h}:2" for h in multinode.ONE_BOX_HOSTS),
+    ranks = launch.run_horovod(multinode.where_am_i, 4, hosts=",".join(f"{h}:2" for h in multinode.ONE_BOX_HOSTS),
                                horovod_args=["--gloo"], echo=False, timeout=120)
     assert sorted(r[0] for r in ranks) == [0, 1, 2, 3]
     assert all(size == 4 and local_size == 2 and total == 6 for _, size, _, local_size, _, total in ranks)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: Price per GPU-hour, in US dollars, as the sources quoted them in 2017.
 PRICES_2017 = {
@@ -104,3 +105,30 @@ def cheapest_within(choices: Sequence[Option], deadline_hours: float) -> Option 
     None when none does."""
     fitting = [o for o in choices if o.hours <= deadline_hours]
     return min(fitting, key=lambda o: (o.cost, o.hours)) if fitting else None
+
+
+def plot_options(choices: Sequence[Option], deadline_hours: float | None = None, ax: Any = None) -> Any:
+    """Expected hours against expected dollars of every option, one colour per kind of instance,
+    labelled with the GPU count; the deadline as a line and the cheapest option within it circled."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4.5))
+    # restarts from zero can take 10^20 hours: left off the chart beyond 10x the slowest on-demand run
+    limit = 10 * max((o.hours for o in choices if o.label == "on demand"), default=math.inf)
+    for i, label in enumerate(dict.fromkeys(o.label for o in choices)):
+        mine = [o for o in choices if o.label == label and o.hours <= limit]
+        off = sum(1 for o in choices if o.label == label) - len(mine)
+        label += f" ({off} off the chart: > {limit:,.0f} h)" if off else ""
+        ax.plot([o.hours for o in mine], [o.cost for o in mine], "o-", color=f"C{i}", label=label, ms=4)
+        for o in mine:
+            ax.annotate(str(o.gpus), (o.hours, o.cost), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if deadline_hours is not None:
+        ax.axvline(deadline_hours, color="k", ls="--", lw=1, label=f"deadline: {deadline_hours:g} h")
+        best = cheapest_within(choices, deadline_hours)
+        if best is not None:
+            ax.plot(best.hours, best.cost, "o", ms=14, mfc="none", mec="k", label=f"cheapest in time: {best}")
+    ax.set(xscale="log", yscale="log", xlabel="expected hours to train", ylabel="expected cost ($)",
+           title="Time and cost of each option (numbers: GPUs)")
+    ax.legend(fontsize=7)
+    return ax

@@ -23,9 +23,11 @@ import os
 import signal
 import stat
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from multigpu import launch
 from multigpu.multinode import ONE_BOX_HOSTS
@@ -76,7 +78,7 @@ class ElasticRun:
     result: launch.JobResult
     accounting: Accounting
     entries: list[Entry]
-    killed: list[tuple[float, int]]  #: (seconds into the run, pid) of each worker killed
+    killed: list[tuple[float, int]]  #: (when, as ``time.time()``, pid) of each worker killed
 
 
 def write_discovery(folder: Path, hosts: dict[str, int]) -> Path:
@@ -193,7 +195,7 @@ def run(
             victims = worker_pids(entries, kill_host)
             if victims:
                 os.kill(victims[0], signal.SIGKILL)
-                killed.append((elapsed, victims[0]))
+                killed.append((time.time(), victims[0]))
                 if echo:
                     print(f"[elastic] {elapsed:.1f} s: killed worker pid {victims[0]} on {kill_host}, "
                           f"{kill_after_steps} step(s) after commit {kill_at_commit}", flush=True)
@@ -207,3 +209,26 @@ def run(
     options = train_elastic.parse_args(list(script_args))
     entries = read_ledger(ledger)
     return ElasticRun(result, account(entries, options.synthetic, options.epochs), entries, killed)
+
+
+def plot_run(run: ElasticRun, ax: Any = None) -> Any:
+    """The run over time: the number of workers at each of rank 0's steps, its commits, and the kill."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3.2))
+    t0 = min(e.data["time"] for e in run.entries)
+    steps = [(e.data["time"] - t0, e.data["size"]) for e in run.entries if e.event == "step"]
+    commits = [e.data["time"] - t0 for e in run.entries if e.event == "commit" and e.data["rank"] == 0]
+    resets = [e.data["time"] - t0 for e in run.entries if e.event == "reset" and e.data["rank"] == 0]
+    ax.plot([t for t, _ in steps], [n for _, n in steps], ".", color="C0", label="a step of rank 0 (workers then)")
+    for i, t in enumerate(commits):
+        ax.axvline(t, color="C2", lw=0.6, alpha=0.6, label="commit" if i == 0 else None)
+    for i, t in enumerate(resets):
+        ax.axvline(t, color="C1", lw=1.5, ls="--", label="reset: back to the last commit" if i == 0 else None)
+    for i, (when, _) in enumerate(run.killed):
+        ax.axvline(when - t0, color="C3", lw=2, label="worker killed" if i == 0 else None)
+    ax.set(xlabel="seconds since the first worker started", ylabel="workers", ylim=(0, max(n for _, n in steps) + 1),
+           title="Elastic Horovod: a worker dies, training goes on")
+    ax.legend(loc="lower right", fontsize=8)
+    return ax

@@ -137,6 +137,7 @@ def run_script(
     timeout: float = 180.0,
     env: dict[str, str] | None = None,
     echo: bool = True,
+    link: Any = None,
 ) -> list[dict[str, Any]]:
     """Run a training script with ``np`` workers and ``--record --out out``; return its records.
 
@@ -144,6 +145,8 @@ def run_script(
     ``"horovodrun --gloo"`` (the same over Gloo), ``"torchrun"`` (the DDP script), or
     ``"python"`` (one plain process, ``np`` must be 1). Old records in ``out`` are
     removed first. Output is streamed live; a crash or a hang raises ``launch.WorkerError``.
+    ``link``: a :class:`multigpu.links.EmulatedLink` the workers' traffic crosses (horovodrun only;
+    the job runs over Gloo).
     """
     from multigpu import launch, run_records
 
@@ -155,7 +158,9 @@ def run_script(
         module = REFERENCE_MODULE
     argv = [*_command(script, module), *map(str, args), "--record", "--out", str(out)]
     if launcher in ("horovodrun", "horovodrun --gloo"):
-        launch.horovodrun(argv, np, timeout=timeout, env=env, echo=echo, horovod_args=launcher.split()[1:])
+        launch.horovodrun(argv, np, timeout=timeout, env=env, echo=echo, horovod_args=launcher.split()[1:], link=link)
+    elif link is not None:
+        raise ValueError("an emulated link carries a horovodrun job: launcher='horovodrun'")
     elif launcher == "torchrun":
         launch.torchrun(argv[1:], np, timeout=timeout, env=env, echo=echo)
     elif launcher == "python":

@@ -1,6 +1,6 @@
 """Emulated network links: a Horovod job whose workers talk over a loopback limited to a rate.
 
-Lab 4 (being built) runs the course's jobs as if their workers were on machines joined by a 100
+Lab 4 runs the course's jobs as if their workers were on machines joined by a 100
 Mb/s, 1 Gb/s or 10 Gb/s link, on one box and without root: the job starts in a new user
 namespace with its own network namespace (``unshare --user --map-root-user --net``), whose only
 interface is a loopback of its own; ``tc``'s token bucket filter (``tbf``) on it limits every byte
@@ -25,10 +25,12 @@ allow them; nothing falls back silently.
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: tbf's bucket in bytes: four full-size loopback segments (the MTU, 65,536 bytes, is the least
 #: that works; see the module doc).
@@ -107,3 +109,65 @@ def predicted_allreduce_s(nbytes: float, n: int, rate_bps: float) -> float:
     ``rate_bps`` bits/s: every worker's bytes cross it (latency and computation left out)."""
     return total_ring_bytes(nbytes, n) * 8 / rate_bps
 
+
+
+#: The factor within which Lab 4 expects a measured step to sit of the model's prediction, either way.
+MODEL_FACTOR = 1.5
+
+
+def gradient_bytes(model: str = "alexnet_small", *, fp16: bool = False) -> int:
+    """Bytes of one gradient of the course's ``model`` as Horovod sends it (float32, or float16 with
+    ``--fp16-allreduce``)."""
+    from multigpu import models
+
+    params = sum(p.numel() for p in models.build_model(model).parameters())
+    return params * (2 if fp16 else 4)
+
+
+def measure_step(workers: int, rate_bps: float | None, *, out: str | os.PathLike, batch_size: int = 64,
+                 steps: int = 4, fp16: bool = False, timeout: float = 300.0, echo: bool = False) -> dict[str, Any]:
+    """Seconds per training step of the course's Horovod script on ``workers`` workers whose traffic
+    crosses a link of ``rate_bps`` (None: unlimited), on synthetic images (no data loading, no
+    validation): ``steps`` steps, the first ones untimed (:func:`multigpu.training.train`).
+
+    The step time is the slowest worker's (a step ends when its all-reduce does). Where emulated
+    links are unavailable (:func:`unavailable`), an unlimited "link" is the machine's own loopback
+    (Gloo over TCP, no namespace) and a limited one raises :class:`RuntimeError` with why.
+    """
+    from multigpu import hvdtools
+
+    emulated = unavailable() is None
+    if rate_bps is not None and not emulated:
+        raise RuntimeError(f"no emulated link on this machine: {unavailable()}")
+    args = ["--synthetic", str(max(workers * batch_size * steps, 256)), "--max-steps", str(steps), "--epochs", "1",
+            "--batch-size", str(batch_size), "--quiet", *(["--fp16-allreduce"] if fp16 else [])]
+    records = hvdtools.run_script(workers, args, out=out, launcher="horovodrun --gloo", timeout=timeout, echo=echo,
+                                  link=EmulatedLink(rate_bps) if emulated else None)
+    slowest = min(r["history"]["images_per_s_worker"][0] for r in records)
+    return {"workers": workers, "rate_bps": rate_bps, "link": EmulatedLink(rate_bps).label, "batch": batch_size,
+            "fp16": fp16, "step_s": batch_size / slowest, "images_per_s": workers * slowest, "emulated": emulated}
+
+
+def plot_prediction(rows: Sequence[dict[str, Any]], ax: Any = None) -> Any:
+    """Measured against predicted step time (rows with ``step_s`` and ``predicted_s``), log-log,
+    with the line where they agree and the band of :data:`MODEL_FACTOR` around it."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4.5))
+    markers = {2: "o", 4: "s", 8: "^"}
+    for row in rows:
+        ax.scatter(row["predicted_s"], row["step_s"], marker=markers.get(row["workers"], "o"),
+                   color="C1" if row.get("fp16") else ("C2" if row["batch"] != rows[0]["batch"] else "C0"))
+        ax.annotate(f"{row['workers']}w {row['link']}" + (" fp16" if row.get("fp16") else "")
+                    + (f" b{row['batch']}" if row["batch"] != rows[0]["batch"] else ""),
+                    (row["predicted_s"], row["step_s"]), fontsize=7, xytext=(4, -3), textcoords="offset points")
+    values = [v for row in rows for v in (row["predicted_s"], row["step_s"])]
+    lo, hi = min(values) / 2, max(values) * 2
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="measured = predicted")
+    ax.fill_between([lo, hi], [lo / MODEL_FACTOR, hi / MODEL_FACTOR], [lo * MODEL_FACTOR, hi * MODEL_FACTOR],
+                    color="0.85", label=f"within {MODEL_FACTOR}x")
+    ax.set(xscale="log", yscale="log", xlabel="predicted step time (s)", ylabel="measured step time (s)",
+           title="Step time on an emulated link: model vs measurement")
+    ax.legend(loc="upper left", fontsize=8)
+    return ax

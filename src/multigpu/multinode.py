@@ -139,7 +139,7 @@ def check_command(command: str, *, nodes: int, gpus_per_node: int, hostfile: str
                         "without them horovodrun starts every worker on this machine")
     else:
         if len(cmd.hosts) != nodes:
-            problems.append(f"{len(cmd.hosts)} host(s) named ({', '.join(cmd.hosts)}); the job has {nodes}")
+            problems.append(f"name {nodes} hosts, one per machine: {len(cmd.hosts)} named ({', '.join(cmd.hosts)})")
         wrong = [f"{h}:{s}" for h, s in cmd.hosts.items() if s != gpus_per_node]
         if wrong:
             problems.append(f"give each host as many slots as it has GPUs ({gpus_per_node}), one worker per GPU: "
@@ -147,27 +147,38 @@ def check_command(command: str, *, nodes: int, gpus_per_node: int, hostfile: str
         local = [h for h in cmd.hosts if h in LOCAL_NAMES]
         if one_box:
             if set(cmd.hosts) != set(ONE_BOX_HOSTS):
-                problems.append(f"on one machine name it twice, as {' and '.join(ONE_BOX_HOSTS)}: both are local, "
+                problems.append(f"name the one machine twice, as {' and '.join(ONE_BOX_HOSTS)}: both are local, "
                                 "so no SSH is needed")
         elif local and len(cmd.hosts) > 1:
-            problems.append(f"{' and '.join(local)} {'means' if len(local) == 1 else 'mean'} a different machine "
-                            "on every node: use the nodes' names or addresses")
+            problems.append(f"use the nodes' names or addresses: {' and '.join(local)} "
+                            f"{'means' if len(local) == 1 else 'mean'} a different machine on every node")
     if cmd.np != total:
-        problems.append(f"-np {cmd.np}: {nodes} nodes x {gpus_per_node} GPUs is {total} workers")
+        problems.append(f"set -np {total}, not {cmd.np}: {nodes} nodes x {gpus_per_node} GPUs is {total} workers")
     if one_box:
         if cmd.nics - LOOPBACK_NICS:
-            problems.append("on one machine the workers talk over the loopback: --network-interface lo, or none")
+            problems.append("name no interface, or lo: on one machine the workers talk over the loopback")
     elif not cmd.nics:
         problems.append("name the network interface the nodes share (--network-interface eth0, say, or ib0 for "
                         "InfiniBand): otherwise Horovod probes every interface, docker bridges included")
     elif cmd.nics & LOOPBACK_NICS:
-        problems.append(f"--network-interface {', '.join(sorted(cmd.nics & LOOPBACK_NICS))} never reaches another "
-                        "machine: name the interface the nodes share")
+        problems.append(f"name the interface the nodes share: --network-interface "
+                        f"{', '.join(sorted(cmd.nics & LOOPBACK_NICS))} never reaches another machine")
     if nodes > 1 and not cmd.hierarchical_allreduce:
         problems.append("add --hierarchical-allreduce: reduce inside each node over its fast links first, then "
                         "across nodes through one worker per node (02b, section 2.3)")
     if not cmd.program:
         problems.append("end the command with what every worker runs, e.g. python train.py")
     elif not re.search(r"python", cmd.program[0]):
-        problems.append(f"every worker runs {cmd.program[0]!r}: run the training script with python")
+        problems.append(f"run the training script with python: every worker would run {cmd.program[0]!r}")
     return problems
+
+
+def where_am_i() -> tuple[int, int, int, int, int, int]:
+    """Run in each worker of a Horovod job: ``(rank, size, local_rank, local_size, cross_rank,
+    sum of all ranks)``, the sum by an all-reduce across every host (Lab 4's one-box rehearsal)."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum).item()
+    return hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), int(total)

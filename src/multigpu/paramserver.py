@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -280,20 +281,17 @@ def dataparallel_images_per_s(
     return steps * batch_size / (time.perf_counter() - t0)
 
 
-def results_path() -> "Path":
+def results_path() -> Path:
     """Where Lab 2 keeps the last parameter-server measurement, so the scaling-model notebook
     can compare its prediction with it: ``<data home>/../results/lab2-paramserver.json``."""
-    from pathlib import Path
-
     from .data import data_home
 
     return Path(data_home()).parent / "results" / "lab2-paramserver.json"
 
 
-def save_rows(rows: list[dict[str, Any]], path: "str | None" = None) -> "Path":
+def save_rows(rows: list[dict[str, Any]], path: str | None = None) -> Path:
     """Write :func:`measure_ps_scaling` rows as JSON (with the machine's mode and cores)."""
     import json
-    from pathlib import Path
 
     from . import devices
 
@@ -307,7 +305,6 @@ def save_rows(rows: list[dict[str, Any]], path: "str | None" = None) -> "Path":
 def load_rows(path: "str | None" = None) -> list[dict[str, Any]] | None:
     """Rows saved by :func:`save_rows`, or None when there are none (or they are unreadable)."""
     import json
-    from pathlib import Path
 
     p = Path(path) if path else results_path()
     try:
