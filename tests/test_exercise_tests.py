@@ -56,6 +56,19 @@ CONTEXT = {
         info = devices.detect()
         hvd.init()
     """,
+    "04-beyond-one-box": """
+        import math
+
+        import horovod.torch as hvd
+        import torch
+
+        from multigpu import costs, data, models, scaling_model
+
+        hvd.init()
+
+        def expected_spot_hours(hours, interruptions_per_hour, checkpoint_every=None):  # Exercise 6, answered
+            return costs.expected_hours_with_interruptions(hours, interruptions_per_hour, checkpoint_every=checkpoint_every)
+    """,
 }
 
 
@@ -136,6 +149,75 @@ WRONG = [
         def average_metric(value, name):
             return float(value)  # right at one worker
      """, "average over the workers"),
+    ("04-beyond-one-box", "predict_step", "test_predict_step", """
+        def predict_step_s(compute_s, grad_bytes, workers, rate_bps):
+            if rate_bps is None or workers == 1:
+                return compute_s
+            return compute_s + workers * 2 * (workers - 1) / workers * grad_bytes / rate_bps  # bytes over bits/s
+     """, "multiply the bytes by 8"),
+    ("04-beyond-one-box", "predict_step", "test_predict_step", """
+        def predict_step_s(compute_s, grad_bytes, workers, rate_bps):
+            if rate_bps is None or workers == 1:
+                return compute_s
+            return compute_s + 2 * (workers - 1) / workers * grad_bytes * 8 / rate_bps  # one worker's bytes
+     """, "count every worker's bytes"),
+    ("04-beyond-one-box", "hostfile", "test_hostfile", """
+        HOSTFILE = "node1:4\\nnode2:4\\n"  # -H's syntax in a host file
+        HOSTFILE_COMMAND = "horovodrun -np 8 --hostfile hosts.txt --network-interface eth0 --hierarchical-allreduce python train.py"
+     """, "write one '<host> slots=<n>' line per machine"),
+    ("04-beyond-one-box", "hostfile", "test_hostfile", """
+        HOSTFILE = "node1 slots=4\\nnode2 slots=4\\n"
+        HOSTFILE_COMMAND = "horovodrun -np 8 --hostfile hosts.txt --network-interface eth0 python train.py"
+     """, "add --hierarchical-allreduce"),
+    ("04-beyond-one-box", "one_box", "test_one_box", """
+        ONE_BOX_COMMAND = "horovodrun -np 4 -H localhost:4 python -m multigpu.scripts.train_horovod"
+     """, "name 2 hosts, one per machine"),
+    ("04-beyond-one-box", "make_state", "test_make_state", """
+        def make_state(model, optimizer, sampler):
+            return hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0)
+     """, "hold the sampler too"),
+    ("04-beyond-one-box", "make_state", "test_make_state", """
+        def make_state(model, optimizer, sampler):
+            return hvd.elastic.TorchState(model=model, sampler=sampler, epoch=0)
+     """, "hold the optimizer too"),
+    ("04-beyond-one-box", "make_state", "test_make_state", """
+        def make_state(model, optimizer, sampler):
+            return hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler)
+     """, "hold the epoch too"),
+    ("04-beyond-one-box", "best_commit_every", "test_best_commit_every", """
+        def best_commit_every(step_s, commit_s, interruptions_per_hour):
+            return 1  # never lose more than a step
+     """, "commit less often"),
+    ("04-beyond-one-box", "best_commit_every", "test_best_commit_every", """
+        def best_commit_every(step_s, commit_s, interruptions_per_hour):
+            return max(1, round(math.sqrt(2 * commit_s / interruptions_per_hour) / step_s))  # per hour taken as per second
+     """, "divide the rate by 3600"),
+    ("04-beyond-one-box", "expected_spot_hours", "test_expected_spot_hours", """
+        def expected_spot_hours(hours, interruptions_per_hour, checkpoint_every=None):
+            return hours * (1 + interruptions_per_hour * hours / 2)  # each interruption loses half the job
+     """, "use (exp(r T) - 1) / r"),
+    ("04-beyond-one-box", "expected_spot_hours", "test_expected_spot_hours", """
+        def expected_spot_hours(hours, interruptions_per_hour, checkpoint_every=None):
+            r = interruptions_per_hour
+            return hours if r == 0 else math.expm1(r * hours) / r  # the checkpoints forgotten
+     """, "count T / tau segments"),
+    ("04-beyond-one-box", "cheapest_plan", "test_cheapest_plan", """
+        def cheapest_plan(one_gpu_hours, efficiency, deadline_hours, on_demand, spot, interruptions_per_hour,
+                          checkpoint_every, gpus=(1, 2, 4, 8, 16, 32, 64)):
+            fitting = [(n * on_demand * one_gpu_hours / (n * efficiency(n)), n) for n in gpus
+                       if one_gpu_hours / (n * efficiency(n)) <= deadline_hours]
+            return (min(fitting)[1], "on demand") if fitting else None  # spot forgotten
+     """, "compare every GPU count, on demand and spot"),
+    ("04-beyond-one-box", "cheapest_plan", "test_cheapest_plan", """
+        def cheapest_plan(one_gpu_hours, efficiency, deadline_hours, on_demand, spot, interruptions_per_hour,
+                          checkpoint_every, gpus=(1, 2, 4, 8, 16, 32, 64)):
+            plans = []
+            for n in gpus:
+                hours = one_gpu_hours / (n * efficiency(n))
+                plans.append((n * on_demand * hours, n, "on demand"))
+                plans.append((n * spot * expected_spot_hours(hours, interruptions_per_hour, checkpoint_every), n, "spot"))
+            return min(plans)[1:]  # the deadline forgotten
+     """, "return None when no option finishes in time"),
 ]
 
 

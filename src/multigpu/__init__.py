@@ -18,7 +18,7 @@ Lab 3 (Horovod)        ``hvdtools`` (an all-reduce timer, composing the learner'
                        tables), ``record_checks`` (facts of a correct run), ``timeline``,
                        ``scripts.train_horovod`` / ``scripts.train_ddp`` (sharing
                        ``scripts.common``)
-Lab 4 (being built)    ``links`` (a Horovod job behind an emulated network link: a
+Lab 4 (beyond a box)   ``links`` (a Horovod job behind an emulated network link: a
                        rate-limited loopback in a namespace of its own), ``multinode``
                        (the multi-node command, checked; 2 hosts on one machine),
                        ``elastic`` (a worker killed mid-epoch, the sample ledger;
