@@ -53,3 +53,32 @@ def test_a_killed_worker_leaves_with_its_host_which_comes_back_and_no_sample_is_
     assert accounting.exact, accounting.report()
     ends = [e for e in run.entries if e.event == "end"]
     assert len(ends) == 4 and {e.data["size"] for e in ends} == {4}
+
+
+@pytest.mark.slow
+def test_a_restart_from_rank_0s_checkpoint_keeps_the_copies_identical_only_with_the_optimizer_first(tmp_path):
+    """Lab 4, part 3: a checkpoint with momentum (2 steps of the course's optimizer, weight decay
+    included); 2 workers restart from it and take one step on the same batch. Weights alone: rank 1
+    has no momentum and the copies differ. Weights, then the optimizer's state: the zero-gradient
+    step that creates rank 1's optimizer state applies weight decay after the weights were sent.
+    The optimizer's state first, then the weights: identical."""
+    import torch
+
+    from multigpu import launch, models, training
+
+    torch.manual_seed(1)
+    model = models.build_model("alexnet_small")
+    optimizer = training.make_optimizer(model, 0.01)
+    assert optimizer.param_groups[0]["weight_decay"] > 0, "the lesson needs an optimizer with weight decay"
+    size = models.default_image_size("alexnet_small")
+    images, labels = torch.randn(8, 3, size, size), torch.randint(0, 10, (8,))
+    for _ in range(2):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 1}, tmp_path / "checkpoint.pt")
+    rank0, rank1 = launch.run_horovod(elastic.resume_one_step, 2, args=(str(tmp_path / "checkpoint.pt"),), echo=False, timeout=120)
+    weights_only, lab3_order, optimizer_first = elastic.RESUME_ORDERS
+    assert abs(rank0[weights_only] - rank1[weights_only]) > 1e-3
+    assert rank0[lab3_order] != rank1[lab3_order]
+    assert rank0[optimizer_first] == rank1[optimizer_first]

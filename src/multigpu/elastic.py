@@ -225,10 +225,59 @@ def plot_run(run: ElasticRun, ax: Any = None) -> Any:
     for i, t in enumerate(commits):
         ax.axvline(t, color="C2", lw=0.6, alpha=0.6, label="commit" if i == 0 else None)
     for i, t in enumerate(resets):
-        ax.axvline(t, color="C1", lw=1.5, ls="--", label="reset: back to the last commit" if i == 0 else None)
+        ax.axvline(t, color="C1", lw=1.5, ls="--", label="reset: workers left or joined" if i == 0 else None)
     for i, (when, _) in enumerate(run.killed):
         ax.axvline(when - t0, color="C3", lw=2, label="worker killed" if i == 0 else None)
     ax.set(xlabel="seconds since the first worker started", ylabel="workers", ylim=(0, max(n for _, n in steps) + 1),
            title="Elastic Horovod: a worker dies, training goes on")
     ax.legend(loc="lower right", fontsize=8)
     return ax
+
+
+#: The ways :func:`resume_one_step` restarts a plain job from rank 0's checkpoint.
+RESUME_ORDERS = {
+    "the weights only": ("parameters",),
+    "the weights, then the optimizer's state": ("parameters", "optimizer"),
+    "the optimizer's state, then the weights": ("optimizer", "parameters"),
+}
+
+
+def resume_one_step(checkpoint: str) -> dict[str, float]:
+    """Run in each worker of a plain (not elastic) Horovod job: restart from ``checkpoint`` as the
+    course's script saves it (rank 0 wrote it; only rank 0 reads it), broadcast what each of
+    :data:`RESUME_ORDERS` says in its order, take one training step on the same batch, and return
+    this worker's weight checksum after it, per order.
+
+    What it shows (Lab 4): without the optimizer's state the other ranks restart with no momentum
+    and one step makes the copies differ. With it, the order matters when the optimizer has weight
+    decay: ``hvd.broadcast_optimizer_state`` first gives an optimizer without state one step with
+    zero gradients to create it, and weight decay moves the weights in that step; broadcast the
+    weights after it."""
+    import horovod.torch as hvd
+    import torch
+
+    from multigpu import models, training
+    from multigpu.scripts.common import checksum
+
+    hvd.init()
+    torch.manual_seed(0)  # the same batch on every rank: any difference comes from the restart
+    size = models.default_image_size("alexnet_small")
+    images, labels = torch.randn(8, 3, size, size), torch.randint(0, 10, (8,))
+    after = {}
+    for name, order in RESUME_ORDERS.items():
+        model = models.build_model("alexnet_small")
+        optimizer = hvd.DistributedOptimizer(training.make_optimizer(model, 0.01), named_parameters=model.named_parameters())
+        if hvd.rank() == 0:  # into the wrapped optimizer: wrapping makes a new one, without the loaded state
+            saved = torch.load(checkpoint, weights_only=True)
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+        for what in order:
+            if what == "parameters":
+                hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            else:
+                hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+        after[name] = checksum(model)
+    return after

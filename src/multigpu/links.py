@@ -155,13 +155,14 @@ def plot_prediction(rows: Sequence[dict[str, Any]], ax: Any = None) -> Any:
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4.5))
-    markers = {2: "o", 4: "s", 8: "^"}
-    for row in rows:
-        ax.scatter(row["predicted_s"], row["step_s"], marker=markers.get(row["workers"], "o"),
-                   color="C1" if row.get("fp16") else ("C2" if row["batch"] != rows[0]["batch"] else "C0"))
-        ax.annotate(f"{row['workers']}w {row['link']}" + (" fp16" if row.get("fp16") else "")
-                    + (f" b{row['batch']}" if row["batch"] != rows[0]["batch"] else ""),
-                    (row["predicted_s"], row["step_s"]), fontsize=7, xytext=(4, -3), textcoords="offset points")
+    counts = sorted({row["workers"] for row in rows})
+    for i, n in enumerate(counts):
+        mine = [row for row in rows if row["workers"] == n]
+        ax.scatter([r["predicted_s"] for r in mine], [r["step_s"] for r in mine], color=f"C{i}", label=f"{n} workers", zorder=3)
+        for row in mine:
+            ax.annotate(row["link"].replace(" loopback", "") + (" fp16" if row.get("fp16") else "")
+                        + (f" batch {row['batch']}" if row["batch"] != rows[0]["batch"] else ""),
+                        (row["predicted_s"], row["step_s"]), fontsize=7, xytext=(5, -8 if i else 4), textcoords="offset points")
     values = [v for row in rows for v in (row["predicted_s"], row["step_s"])]
     lo, hi = min(values) / 2, max(values) * 2
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="measured = predicted")
