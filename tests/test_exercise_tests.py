@@ -32,6 +32,7 @@ CONTEXT = {
         from multigpu import data, devices, models, profiling
 
         info = devices.detect()
+        device = devices.worker_device(0, info)
         torch.set_num_threads(1)
         BATCH, IMAGE_SIZE = 64, 64
         DEVICES_FED = info.gpus if info.mode == "gpu" else 4
@@ -114,6 +115,75 @@ WRONG = [
         def make_fast_loader(dataset):
             return data.make_loader(dataset, batch_size=1, shuffle=True)  # keeps up with a CPU model, one image at a time
      """, "batch the images"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
+        def amp_step(model, optimizer, scaler, images, labels, dtype):
+            optimizer.zero_grad(set_to_none=True)
+            if True:  # no autocast
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            return loss.detach()
+     """, "run the forward pass under torch.autocast"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
+        def amp_step(model, optimizer, scaler, images, labels, dtype):
+            optimizer.zero_grad(set_to_none=True)
+            model.to(dtype)  # the whole model in half precision
+            with torch.autocast(images.device.type, dtype=dtype):
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            return loss.detach()
+     """, "keep the weights in float32"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
+        def amp_step(model, optimizer, scaler, images, labels, dtype):
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(images.device.type, dtype=dtype):
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+            loss.backward()  # not scaled
+            scaler.step(optimizer)
+            scaler.update()
+            return loss.detach()
+     """, "scale the loss for backward: scaler.scale(loss).backward()"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
+        def amp_step(model, optimizer, scaler, images, labels, dtype):
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(images.device.type, dtype=dtype):
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+            scaler.scale(loss).backward()
+            optimizer.step()  # past the scaler
+            scaler.update()
+            return loss.detach()
+     """, "step with scaler.step(optimizer)"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
+        def amp_step(model, optimizer, scaler, images, labels, dtype):
+            with torch.autocast(images.device.type, dtype=dtype):
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            return loss.detach()
+     """, "zero the gradients at the start of the step"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
+        def amp_step(model, optimizer, scaler, images, labels, dtype):
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(images.device.type, dtype=dtype):
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            return loss.detach()
+     """, "call scaler.update() after the step"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
+        def amp_step(model, optimizer, scaler, images, labels, dtype):
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(images.device.type, dtype=dtype):
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            return scaler.scale(loss).detach()
+     """, "return the loss itself"),
     ("02b-ring-allreduce", "ring_allreduce", "test_ring_allreduce",
      inspect.getsource(test_ring.direct_allreduce) + "\nring_allreduce = direct_allreduce\n",
      "send only to your right neighbour"),

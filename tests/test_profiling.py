@@ -65,3 +65,31 @@ def test_plot_stages():
     matplotlib.use("Agg")
     ax = profiling.plot_stages({"read": 1000.0, "decode": 300.0}, 200.0)
     assert len(ax.patches) == 2
+
+
+def _amp_step(model, optimizer, scaler, images, labels, dtype):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(images.device.type, dtype=dtype):
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+def test_step_options_side_by_side_and_a_failing_option_reported():
+    options = profiling.STEP_OPTIONS[:4]
+    rows = profiling.compare_step_options("alexnet_small", _amp_step, batch_size=8, steps=1, repeats=1, options=options)
+    assert [r["option"] for r in rows] == list(options)
+    assert all(r["error"] is None and r["images_per_s"] > 0 and r["first_step_s"] > 0 for r in rows)
+    assert rows[0]["speedup"] == 1.0
+    assert profiling.mixed_precision_dtype("cpu") == torch.bfloat16
+
+    def unwritten(*args):
+        raise NotImplementedError()
+
+    rows = profiling.compare_step_options("alexnet_small", unwritten, batch_size=8, steps=1, repeats=1, options=options[:2])
+    assert rows[0]["images_per_s"] > 0 and rows[1]["error"] == "NotImplementedError: "
+    assert "failed: NotImplementedError" in profiling.format_step_options(rows)
+    with pytest.raises(ValueError, match="unknown option"):
+        profiling.compare_step_options("alexnet_small", _amp_step, options=["float64"])

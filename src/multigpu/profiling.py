@@ -370,3 +370,120 @@ def serial_rate(stage_rates: Sequence[float] | dict[str, float]) -> float:
     """Images/s of stages run one after the other in one process: ``1 / sum(1 / rate)``."""
     rates = list(stage_rates.values()) if isinstance(stage_rates, dict) else list(stage_rates)
     return 1.0 / sum(1.0 / r for r in rates)
+
+
+# --------------------------------------------------------------------------- one device first (Lab 2, 1.4)
+
+#: The ways Lab 2 compares of making one device's training step faster, in the order measured.
+STEP_OPTIONS: tuple[str, ...] = ("float32", "mixed precision", "channels_last", "channels_last + mixed precision",
+                                 "torch.compile")
+
+
+def mixed_precision_dtype(device: torch.device | str) -> torch.dtype:
+    """The half-precision type for autocast on ``device``: bfloat16 on a CPU (the one CPUs
+    support), bfloat16 on a GPU that has it (Ampere and later), else float16 (which needs a
+    gradient scaler: its range is small)."""
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+def compare_step_options(
+    model_name: str,
+    amp_step: Callable[..., Any],
+    *,
+    batch_size: int = 64,
+    image_size: int | None = None,
+    device: torch.device | str = "cpu",
+    steps: int = 5,
+    repeats: int = 2,
+    options: Sequence[str] = STEP_OPTIONS,
+) -> list[dict[str, Any]]:
+    """Training images/s of a fresh ``model_name`` under each of ``options`` (:data:`STEP_OPTIONS`),
+    side by side: one model per option, all on the same synthetic batch; the first step of each is
+    timed alone (for ``torch.compile`` it holds the compilation), then ``repeats`` rounds of
+    ``steps`` steps go through the options in turn and each option's median round counts.
+
+    ``amp_step(model, optimizer, scaler, images, labels, dtype)`` is the mixed-precision step (Lab
+    2's exercise); ``scaler`` is a ``torch.amp.GradScaler``, enabled only for float16. An option
+    that fails (``torch.compile`` needs a C++ compiler on a CPU) gets its error instead of a rate.
+    Rows: ``option``, ``images_per_s``, ``first_step_s``, ``speedup`` (over float32), ``error``.
+    """
+    from multigpu import models
+
+    device = torch.device(device)
+    size = image_size or models.default_image_size(model_name)
+    dtype = mixed_precision_dtype(device)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch_size, 3, size, size, generator=g).to(device)
+    y = torch.randint(0, 10, (batch_size,), generator=g).to(device)
+    runs: dict[str, Callable[[], Any]] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    for option in options:
+        if option not in STEP_OPTIONS:
+            raise ValueError(f"unknown option {option!r}; choose from {STEP_OPTIONS}")
+        torch.manual_seed(0)
+        model = models.build_model(model_name).to(device).train()
+        images = x
+        if "channels_last" in option:
+            model = model.to(memory_format=torch.channels_last)
+            images = x.contiguous(memory_format=torch.channels_last)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        if option == "torch.compile":
+            model = torch.compile(model)
+        if "mixed precision" in option:
+            scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+            run = (lambda m=model, o=optimizer, s=scaler, i=images: amp_step(m, o, s, i, y, dtype))
+        else:
+            run = (lambda m=model, o=optimizer, i=images: _train_step(m, o, i, y))
+        row = {"option": option, "images_per_s": None, "first_step_s": None, "speedup": None, "error": None}
+        try:
+            t0 = time.perf_counter()
+            run()
+            _sync(device)
+            row["first_step_s"] = time.perf_counter() - t0
+            run()  # a second untimed step: allocations and caches settle
+            runs[option] = run
+        except Exception as exc:  # noqa: BLE001 - one option failing must not hide the others
+            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+        rows[option] = row
+    rates: dict[str, list[float]] = {option: [] for option in runs}
+    for _ in range(repeats):
+        for option, run in runs.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                run()
+            _sync(device)
+            rates[option].append(steps * batch_size / (time.perf_counter() - t0))
+    base = statistics.median(rates["float32"]) if rates.get("float32") else None
+    for option, values in rates.items():
+        rows[option]["images_per_s"] = statistics.median(values)
+        if base:
+            rows[option]["speedup"] = rows[option]["images_per_s"] / base
+    return list(rows.values())
+
+
+#: What :func:`step_options_worker` sets to hide a CPU's bfloat16 instructions from oneDNN (the
+#: library behind PyTorch's CPU convolutions and matrix multiplies): AVX-512 with VNNI, without
+#: AVX512_BF16 or AMX, as on most CPUs before 2020.
+WITHOUT_BF16_ISA = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}
+
+
+def step_options_worker(rank: int, world_size: int, model_name: str, amp_step: Callable[..., Any],
+                        kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    """:func:`compare_step_options` in a worker of :func:`multigpu.launch.run` (``backend=None``),
+    so that it can run under another environment, e.g. :data:`WITHOUT_BF16_ISA`."""
+    return compare_step_options(model_name, amp_step, **kwargs)
+
+
+def format_step_options(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows of :func:`compare_step_options` as a table."""
+    lines = [f"{'option':<34} {'images/s':>9} {'x float32':>10} {'first step':>11}"]
+    for r in rows:
+        if r["error"]:
+            lines.append(f"{r['option']:<34} failed: {r['error']}")
+        else:
+            lines.append(f"{r['option']:<34} {r['images_per_s']:>9,.0f} {r['speedup'] or 0:>9.2f}x {r['first_step_s']:>10.2f}s")
+    return "\n".join(lines)
