@@ -57,3 +57,14 @@ def test_a_slower_link_slows_the_training_step_as_the_model_says(tmp_path):
     assert slow["images_per_s"] < unlimited["images_per_s"] / 1.5, (unlimited, slow)
     # within the factor the lab states, either way (the overlap of backward and all-reduce, TCP, the bucket)
     assert model_s / links.MODEL_FACTOR < slow["step_s"] < model_s * links.MODEL_FACTOR, (slow["step_s"], model_s)
+
+
+@pytest.mark.slow
+def test_without_namespaces_the_lab_measures_the_machines_loopback_and_refuses_a_link(tmp_path, monkeypatch):
+    """Where user namespaces are not allowed, Lab 4 still measures its unlimited runs (the machine's own
+    loopback, Gloo) and a limited link raises with the reason, which the notebook prints: never silent."""
+    monkeypatch.setattr(links, "unavailable", lambda: "user namespaces are not allowed here (test)")
+    with pytest.raises(RuntimeError, match="not allowed here"):
+        links.measure_step(2, 1e9, out=tmp_path)
+    row = links.measure_step(2, None, out=tmp_path, timeout=120)
+    assert row["emulated"] is False and row["link"] == "unlimited loopback" and row["step_s"] > 0
