@@ -81,6 +81,13 @@ def cell(notebook: str, grade_id: str) -> str:
     return "".join(found[0]["source"])
 
 
+def amp_step_with(line: str, replacement: str) -> str:
+    """Lab 2's AMP step (the solution cell) with one line replaced: a wrong answer."""
+    right = cell("02-alexnet-pipeline", "amp_step")
+    assert line in right, f"the solution's amp_step has no line {line!r}"
+    return right.replace(line, replacement)
+
+
 def run_test_cell(notebook: str, test_id: str, answer: str, tmp_path) -> subprocess.CompletedProcess:
     """Run ``answer`` then the test cell ``test_id`` of ``notebook`` in a fresh process."""
     script = tmp_path / "exercise.py"
@@ -115,75 +122,26 @@ WRONG = [
         def make_fast_loader(dataset):
             return data.make_loader(dataset, batch_size=1, shuffle=True)  # keeps up with a CPU model, one image at a time
      """, "batch the images"),
-    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
-        def amp_step(model, optimizer, scaler, images, labels, dtype):
-            optimizer.zero_grad(set_to_none=True)
-            if True:  # no autocast
-                loss = torch.nn.functional.cross_entropy(model(images), labels)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            return loss.detach()
-     """, "run the forward pass under torch.autocast"),
-    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
-        def amp_step(model, optimizer, scaler, images, labels, dtype):
-            optimizer.zero_grad(set_to_none=True)
-            model.to(dtype)  # the whole model in half precision
-            with torch.autocast(images.device.type, dtype=dtype):
-                loss = torch.nn.functional.cross_entropy(model(images), labels)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            return loss.detach()
-     """, "keep the weights in float32"),
-    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
-        def amp_step(model, optimizer, scaler, images, labels, dtype):
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(images.device.type, dtype=dtype):
-                loss = torch.nn.functional.cross_entropy(model(images), labels)
-            loss.backward()  # not scaled
-            scaler.step(optimizer)
-            scaler.update()
-            return loss.detach()
-     """, "scale the loss for backward: scaler.scale(loss).backward()"),
-    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
-        def amp_step(model, optimizer, scaler, images, labels, dtype):
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(images.device.type, dtype=dtype):
-                loss = torch.nn.functional.cross_entropy(model(images), labels)
-            scaler.scale(loss).backward()
-            optimizer.step()  # past the scaler
-            scaler.update()
-            return loss.detach()
-     """, "step with scaler.step(optimizer)"),
-    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
-        def amp_step(model, optimizer, scaler, images, labels, dtype):
-            with torch.autocast(images.device.type, dtype=dtype):
-                loss = torch.nn.functional.cross_entropy(model(images), labels)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            return loss.detach()
-     """, "zero the gradients at the start of the step"),
-    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
-        def amp_step(model, optimizer, scaler, images, labels, dtype):
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(images.device.type, dtype=dtype):
-                loss = torch.nn.functional.cross_entropy(model(images), labels)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            return loss.detach()
-     """, "call scaler.update() after the step"),
-    ("02-alexnet-pipeline", "amp_step", "test_amp_step", """
-        def amp_step(model, optimizer, scaler, images, labels, dtype):
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(images.device.type, dtype=dtype):
-                loss = torch.nn.functional.cross_entropy(model(images), labels)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            return scaler.scale(loss).detach()
-     """, "return the loss itself"),
+    # Lab 2's AMP step with one line changed, each the way a learner might
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step",
+     amp_step_with("    with torch.autocast(images.device.type, dtype=dtype):", "    if True:  # no autocast"),
+     "run the forward pass under torch.autocast"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step",
+     amp_step_with("    optimizer.zero_grad(set_to_none=True)\n",
+                   "    optimizer.zero_grad(set_to_none=True)\n    model.to(dtype)  # the whole model in half precision\n"),
+     "keep the weights in float32"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step",
+     amp_step_with("    scaler.scale(loss).backward()", "    loss.backward()  # not scaled"),
+     "scale the loss for backward: scaler.scale(loss).backward()"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step",
+     amp_step_with("    scaler.step(optimizer)", "    optimizer.step()  # past the scaler"),
+     "step with scaler.step(optimizer)"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step",
+     amp_step_with("    optimizer.zero_grad(set_to_none=True)\n", ""), "zero the gradients at the start of the step"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step",
+     amp_step_with("    scaler.update()\n", ""), "call scaler.update() after the step"),
+    ("02-alexnet-pipeline", "amp_step", "test_amp_step",
+     amp_step_with("    return loss.detach()", "    return scaler.scale(loss).detach()"), "return the loss itself"),
     ("02b-ring-allreduce", "ring_allreduce", "test_ring_allreduce",
      inspect.getsource(test_ring.direct_allreduce) + "\nring_allreduce = direct_allreduce\n",
      "send only to your right neighbour"),

@@ -67,14 +67,12 @@ def test_plot_stages():
     assert len(ax.patches) == 2
 
 
-def _amp_step(model, optimizer, scaler, images, labels, dtype):
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(images.device.type, dtype=dtype):
+def _amp_step(model, optimizer, scaler, images, labels, dtype):  # bfloat16 on a CPU: the scaler is off
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=dtype):
         loss = torch.nn.functional.cross_entropy(model(images), labels)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    return loss.detach()
+    loss.backward()
+    optimizer.step()
 
 
 def test_step_options_side_by_side_and_a_failing_option_reported():
