@@ -20,7 +20,10 @@ import textwrap
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from multigpu.links import EmulatedLink
 
 
 def allreduce_times(numel: int, warmup: int, reps: int) -> list[float]:
@@ -137,7 +140,7 @@ def run_script(
     timeout: float = 180.0,
     env: dict[str, str] | None = None,
     echo: bool = True,
-    link: Any = None,
+    link: EmulatedLink | None = None,
 ) -> list[dict[str, Any]]:
     """Run a training script with ``np`` workers and ``--record --out out``; return its records.
 

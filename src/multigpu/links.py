@@ -110,7 +110,6 @@ def predicted_allreduce_s(nbytes: float, n: int, rate_bps: float) -> float:
     return total_ring_bytes(nbytes, n) * 8 / rate_bps
 
 
-
 #: The factor within which Lab 4 expects a measured step to sit of the model's prediction, either way.
 MODEL_FACTOR = 1.5
 
@@ -120,8 +119,7 @@ def gradient_bytes(model: str = "alexnet_small", *, fp16: bool = False) -> int:
     ``--fp16-allreduce``)."""
     from multigpu import models
 
-    params = sum(p.numel() for p in models.build_model(model).parameters())
-    return params * (2 if fp16 else 4)
+    return models.count_parameters(models.build_model(model))["total"] * (2 if fp16 else 4)
 
 
 def measure_step(workers: int, rate_bps: float | None, *, out: str | os.PathLike, batch_size: int = 64,

@@ -172,6 +172,15 @@ def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Ten
     return float(loss.detach())
 
 
+def _synthetic_batch(batch_size: int, image_size: int, device: torch.device,
+                     num_classes: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same random batch every time (seed 0), on ``device``: images and labels."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch_size, 3, image_size, image_size, generator=g).to(device)
+    y = torch.randint(0, num_classes, (batch_size,), generator=g).to(device)
+    return x, y
+
+
 def model_images_per_s(
     model: nn.Module,
     batch_size: int = 64,
@@ -191,9 +200,7 @@ def model_images_per_s(
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model.to(device).train()
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch_size, 3, image_size, image_size, generator=g).to(device)
-    y = torch.randint(0, num_classes, (batch_size,), generator=g).to(device)
+    x, y = _synthetic_batch(batch_size, image_size, device, num_classes)
     for _ in range(warmup):
         _train_step(model, optimizer, x, y)
     _sync(device)
@@ -377,6 +384,8 @@ def serial_rate(stage_rates: Sequence[float] | dict[str, float]) -> float:
 #: The ways Lab 2 compares of making one device's training step faster, in the order measured.
 STEP_OPTIONS: tuple[str, ...] = ("float32", "mixed precision", "channels_last", "channels_last + mixed precision",
                                  "torch.compile")
+#: The same without ``torch.compile`` (whose first step compiles for tens of seconds).
+EAGER_OPTIONS: tuple[str, ...] = tuple(o for o in STEP_OPTIONS if o != "torch.compile")
 
 
 def mixed_precision_dtype(device: torch.device | str) -> torch.dtype:
@@ -413,11 +422,8 @@ def compare_step_options(
     from multigpu import models
 
     device = torch.device(device)
-    size = image_size or models.default_image_size(model_name)
     dtype = mixed_precision_dtype(device)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch_size, 3, size, size, generator=g).to(device)
-    y = torch.randint(0, 10, (batch_size,), generator=g).to(device)
+    x, y = _synthetic_batch(batch_size, image_size or models.default_image_size(model_name), device)
     runs: dict[str, Callable[[], Any]] = {}
     rows: dict[str, dict[str, Any]] = {}
     for option in options:
@@ -446,7 +452,8 @@ def compare_step_options(
             run()  # a second untimed step: allocations and caches settle
             runs[option] = run
         except Exception as exc:  # noqa: BLE001 - one option failing must not hide the others
-            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            row["error"] = f"{type(exc).__name__}: {first_line[:200]}"
         rows[option] = row
     rates: dict[str, list[float]] = {option: [] for option in runs}
     for _ in range(repeats):
