@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import yaml
 
@@ -54,3 +56,22 @@ def test_horovod_is_built_with_pytorch_mpi_and_gloo():
         assert re.search(rf"\[X\] {need}", out.stdout), out.stdout
     assert launch.horovod_controller() == "mpi"  # the course's default: MPI's shared memory on one machine
 
+
+
+def test_horovods_extension_loads_mpi_and_torch_from_this_venv():
+    """A cached wheel carries the RUNPATH of the venv it was built in. Loaded from another clone's
+    venv, MPI vanished inside the grading sandbox (which hides /tmp) and horovodrun said "MPI
+    support has not been built": tools/install_horovod.sh points it at this venv, relatively."""
+    import horovod
+
+    prefix = Path(sys.prefix).resolve()
+    exts = sorted(Path(horovod.__file__).parent.glob("*/mpi_lib*.so"))
+    assert exts, "no Horovod extension found: run 'make setup'"
+    for ext in exts:
+        found = subprocess.run(["ldd", str(ext)], capture_output=True, text=True, timeout=60,
+                               env={k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}).stdout
+        libs = dict(re.findall(r"^\s*(\S+) => (\S+)", found, re.M))
+        for lib in ("libmpi.so.12", "libtorch_cpu.so"):
+            assert lib in libs, f"{ext.name} does not load {lib}:\n{found}"
+            assert prefix in Path(libs[lib]).resolve().parents, (
+                f"{ext.name} loads {lib} from {libs[lib]}, outside this venv ({prefix}): rerun tools/install_horovod.sh")

