@@ -82,3 +82,42 @@ def test_a_restart_from_rank_0s_checkpoint_keeps_the_copies_identical_only_with_
     assert abs(rank0[weights_only] - rank1[weights_only]) > 1e-3
     assert rank0[lab3_order] != rank1[lab3_order]
     assert rank0[optimizer_first] == rank1[optimizer_first]
+
+
+def test_the_late_exit_of_a_worker_whose_slot_was_relaunched_is_not_recorded():
+    """The project's Horovod patch, item 5: a worker killed with its blacklisted host can be reaped
+    after the host came back and a new worker took its slot; its exit code (137) must not be
+    recorded as the new worker's, or a job that finished on every worker is reported as failed
+    (seen once in Lab 4's kill run on a loaded machine)."""
+    import threading
+
+    from horovod.runner.elastic import discovery
+    from horovod.runner.elastic.driver import ElasticDriver
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    class Rendezvous:
+        def stop(self):
+            pass
+
+    driver = ElasticDriver(Rendezvous(), discovery.FixedHosts({"localhost": 1}), min_num_proc=1, max_num_proc=1)
+    recorded, old_started, old_may_exit = [], threading.Event(), threading.Event()
+
+    def create_worker(slot_info, events):
+        if not old_started.is_set():  # the old worker: killed, and reaped after the new one started
+            old_started.set()
+            old_may_exit.wait(10)
+            return 137, 1.0
+        return 0, 2.0  # the new worker: done
+
+    driver._create_worker_fn = create_worker
+    driver._handle_worker_exit = lambda slot_info, exit_code, timestamp: recorded.append(exit_code)
+    slot = SlotInfo(hostname="localhost", rank=0, local_rank=0, cross_rank=0, size=1, local_size=1, cross_size=1)
+    try:
+        driver._start_worker_process(slot)  # the old worker, still being killed
+        assert old_started.wait(10)
+        driver._start_worker_process(slot)  # the new worker on the same slot
+        old_may_exit.set()
+        driver.get_results()  # joins both worker threads
+    finally:
+        driver.stop()
+    assert recorded == [0], recorded
