@@ -184,6 +184,8 @@ def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_co
     assert "no checkpoint from rank" in workers.message and "hvd.init()" in workers.message, workers.message
     assert "Lab 3" not in workers.message, workers.message
     assert blank.measurements["run_s"] < 0.5 * rules.QUICK.time_budget_s, blank.criteria["workers"].message
+    # and no baseline was measured after it: a run stopped early has no throughput to compare
+    assert len(blank.measurements["baselines"]) == (rules.QUICK.baseline_repeats + 1) // 2, blank.measurements
     assert (course / "grading/autograded" / BLANK / "assessments" / "grading-result.json").exists()
     key = certificates.load_private_key(certificates.keygen(tmp_path / "key")[0])
     decisions = {d.student: d for d in certificates.certify(

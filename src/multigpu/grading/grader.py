@@ -628,14 +628,14 @@ def grade(
                                      "HOROVOD_TIMELINE": str(submission / TIMELINE_FILE), **_mode_env(settings)},
                                 sandbox=rules_, stop_if=lone_rank0(settings.workers))
         measurements["run_s"] = round(rec.wall_s, 2)
-        if rec.stopped_early:  # no complete epoch: no throughput to measure against the baselines
+        if rec.stopped_early:  # no complete epoch: no throughput to measure, no more baselines to run
             log(rec.stopped_early)
         else:
             baselines += [_baseline(settings, work, baseline_root, before + i, log, rules_) for i in range(after)]
-        if repeats >= 2 and agreeing_baselines(baselines, settings.baseline_tolerance) is None:
-            log(f"the baselines disagree ({', '.join(f'{b:.1f}' for b in baselines if b)} images/s): "
-                "the machine's speed changed; measuring once more")
-            baselines.append(_baseline(settings, work, baseline_root, len(baselines), log, rules_))
+            if repeats >= 2 and agreeing_baselines(baselines, settings.baseline_tolerance) is None:
+                log(f"the baselines disagree ({', '.join(f'{b:.1f}' for b in baselines if b)} images/s): "
+                    "the machine's speed changed; measuring once more")
+                baselines.append(_baseline(settings, work, baseline_root, len(baselines), log, rules_))
         measurements["baselines"] = [round(b, 2) for b in baselines if b]
         source = script_path.read_text(errors="replace")
         criteria = judge(rec, _checkpoints(ckpt), settings, train_root, holdout, measurements, log, source,
