@@ -1,9 +1,9 @@
 """The notebooks' exercise tests reject the wrong answers a learner is likely to write.
 
 Each case takes a graded test cell of a solution notebook (hidden tests included, as the
-autograder runs it), runs it in a fresh Python process after a few lines that stand in for the
-cells above it and a WRONG answer in place of the exercise cell, and expects it to fail with a
-message that starts with what to change. The same harness runs the solution's own answer and
+autograder runs it), runs it in a fresh process (a fork of one Python that imported torch and
+Horovod once) after a few lines that stand in for the cells above it and a WRONG answer in place
+of the exercise cell, and expects it to fail with a message that starts with what to change. The same harness runs the solution's own answer and
 expects it to pass, so a test cell that fails everything would show here too.
 """
 
@@ -26,6 +26,9 @@ NOTEBOOKS = REPO / "solutions" / "notebooks"
 #: Stand-ins for the notebook cells above the exercises (imports, the mode, a single-worker Horovod).
 CONTEXT = {
     "00-welcome": "",
+    "01-gd-vs-sgd": """
+        import torch
+    """,
     "02-alexnet-pipeline": """
         import torch
 
@@ -88,13 +91,43 @@ def amp_step_with(line: str, replacement: str) -> str:
     return right.replace(line, replacement)
 
 
-def run_test_cell(notebook: str, test_id: str, answer: str, tmp_path) -> subprocess.CompletedProcess:
+class PreloadedPython:
+    """A Python with torch, Horovod and the package imported once, that runs each script in a fork
+    of itself (tests/fixtures/preloaded_python.py): a fresh process per case without the imports."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests/fixtures/preloaded_python.py")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=launch.worker_env(), cwd=REPO)
+
+    def run(self, script, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
+        out, err = cwd / "stdout.txt", cwd / "stderr.txt"
+        request = {"script": str(script), "cwd": str(cwd), "stdout": str(out), "stderr": str(err), "timeout": timeout}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        assert answer, f"the preloaded Python died (exit code {self.proc.poll()})"
+        return subprocess.CompletedProcess([str(script)], json.loads(answer)["returncode"],
+                                           out.read_text(errors="replace"), err.read_text(errors="replace"))
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def python():
+    preloaded = PreloadedPython()
+    yield preloaded
+    preloaded.close()
+
+
+def run_test_cell(python: PreloadedPython, notebook: str, test_id: str, answer: str, tmp_path) -> subprocess.CompletedProcess:
     """Run ``answer`` then the test cell ``test_id`` of ``notebook`` in a fresh process."""
     script = tmp_path / "exercise.py"
     script.write_text("\n".join([textwrap.dedent(CONTEXT[notebook]), textwrap.dedent(answer),
                                  cell(notebook, test_id)]))
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env=launch.worker_env(), cwd=tmp_path)
+    return python.run(script, tmp_path)
 
 
 def solution(notebook: str, exercise_id: str) -> str:
@@ -118,6 +151,38 @@ WRONG = [
             hvd.init()
             return hvd.allreduce(torch.tensor([hvd.rank()]), op=hvd.Average, name="mean_rank").item()
      """, "average a float tensor"),
+    ("01-gd-vs-sgd", "trust_ratio", "test_trust_ratio", """
+        def trust_ratio(weight, grad, eta, weight_decay):
+            return eta * float(grad.norm()) / (float(weight.norm()) + 1e-12)  # upside down
+     """, "divide eta x |w| by |g|"),
+    ("01-gd-vs-sgd", "trust_ratio", "test_trust_ratio", """
+        def trust_ratio(weight, grad, eta, weight_decay):
+            w, g = float(weight.norm()), float(grad.norm())
+            return 1.0 if w == 0 or g == 0 else eta * w / g  # weight decay left out
+     """, "add weight_decay x |w| to |g| in the denominator"),
+    ("01-gd-vs-sgd", "trust_ratio", "test_trust_ratio", """
+        def trust_ratio(weight, grad, eta, weight_decay):
+            w = float(weight.norm())
+            return eta * w / (float(grad.norm()) + weight_decay * w)  # no edge cases
+     """, "return 1.0 when the weights are all zero"),
+    ("01-gd-vs-sgd", "trust_ratio", "test_trust_ratio", """
+        def trust_ratio(weight, grad, eta, weight_decay):
+            w = float(weight.norm())
+            if w == 0:
+                return 1.0
+            return eta * w / (float(grad.norm()) + weight_decay * w)  # a zero gradient divides by zero
+     """, "return 1.0 when |g| + weight_decay |w| is zero"),
+    ("01-gd-vs-sgd", "trust_ratio", "test_trust_ratio", """
+        def trust_ratio(weight, grad, eta, weight_decay):
+            if weight.ndim < 2:
+                w = float(weight.norm())
+                d = float(grad.norm()) + weight_decay * w
+                return 1.0 if w == 0 or d == 0 else eta * w / d
+            w, g = weight.reshape(weight.shape[0], -1).norm(dim=1), grad.reshape(grad.shape[0], -1).norm(dim=1)
+            d = g + weight_decay * w  # a matrix or kernel: one ratio per row (output channel), then their mean
+            r = torch.where((w > 0) & (d > 0), eta * w / d.clamp_min(1e-30), torch.ones_like(w))
+            return float(r.mean())
+     """, "use the norm of the whole layer"),
     ("02-alexnet-pipeline", "make_fast_loader", "test_fast_loader_keeps_up", """
         def make_fast_loader(dataset):
             return data.make_loader(dataset, batch_size=1, shuffle=True)  # keeps up with a CPU model, one image at a time
@@ -145,6 +210,24 @@ WRONG = [
     ("02b-ring-allreduce", "ring_allreduce", "test_ring_allreduce",
      inspect.getsource(test_ring.direct_allreduce) + "\nring_allreduce = direct_allreduce\n",
      "send only to your right neighbour"),
+    ("02b-ring-allreduce", "sharded_ps_time", "test_sharded_ps_time", """
+        def sharded_ps_time(nbytes, workers, servers, link):
+            if workers <= 1:
+                return 0.0
+            return 2 * (link.latency_s + workers * nbytes / servers / link.bandwidth)  # its own slice too
+     """, "count the other workers' slices only"),
+    ("02b-ring-allreduce", "sharded_ps_time", "test_sharded_ps_time", """
+        def sharded_ps_time(nbytes, workers, servers, link):
+            if workers <= 1:
+                return 0.0
+            return 2 * (link.latency_s + (workers - 1) * nbytes / link.bandwidth)  # as if one server
+     """, "divide the gradient among the servers"),
+    ("02b-ring-allreduce", "sharded_ps_time", "test_sharded_ps_time", """
+        def sharded_ps_time(nbytes, workers, servers, link):
+            if workers <= 1:
+                return 0.0
+            return link.latency_s + (workers - 1) * nbytes / servers / link.bandwidth  # the push only
+     """, "count both phases, push and pull"),
     ("02b-ring-allreduce", "hierarchical_time", "test_hierarchical_time", """
         def hierarchical_time(nbytes, nodes, gpus_per_node, intra, inter):
             n = nodes * gpus_per_node  # one flat ring over every GPU, at the network's speed
@@ -252,8 +335,8 @@ WRONG = [
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook, exercise, test_id, answer, fix", WRONG,
                          ids=[f"{w[0]}:{w[2]}:{i}" for i, w in enumerate(WRONG)])
-def test_a_wrong_answer_fails_with_what_to_change_first(notebook, exercise, test_id, answer, fix, tmp_path):
-    ran = run_test_cell(notebook, test_id, answer, tmp_path)
+def test_a_wrong_answer_fails_with_what_to_change_first(notebook, exercise, test_id, answer, fix, python, tmp_path):
+    ran = run_test_cell(python, notebook, test_id, answer, tmp_path)
     assert ran.returncode != 0, f"the wrong answer passed {test_id}:\n{answer}\n{ran.stdout[-2000:]}"
     last = ran.stderr.strip().splitlines()[-1]
     assert last.startswith(f"AssertionError: {fix}"), f"{test_id}: expected a failure starting {fix!r}, got:\n{ran.stderr[-3000:]}"
@@ -261,6 +344,6 @@ def test_a_wrong_answer_fails_with_what_to_change_first(notebook, exercise, test
 
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook, exercise, test_id", sorted({w[:3] for w in WRONG}))
-def test_the_solutions_answer_passes_the_same_harness(notebook, exercise, test_id, tmp_path):
-    ran = run_test_cell(notebook, test_id, solution(notebook, exercise), tmp_path)
+def test_the_solutions_answer_passes_the_same_harness(notebook, exercise, test_id, python, tmp_path):
+    ran = run_test_cell(python, notebook, test_id, solution(notebook, exercise), tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]

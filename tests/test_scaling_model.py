@@ -161,3 +161,43 @@ def test_hierarchical_allreduce_pays_the_slow_links_latency_per_server_not_per_g
     assert scaling_model.hierarchical_allreduce_time(1e3, 8, 8, intra, inter) < 0.3 * scaling_model.ring_allreduce_time(1e3, 64, inter)
     with pytest.raises(ValueError):
         scaling_model.hierarchical_allreduce_time(B, 0, 8, intra, inter)
+
+
+def test_every_benchmark_lies_within_the_models_bounds_on_its_own_hardware():
+    """02b, 2.3: with each benchmark's GPU, link and algorithm, every published efficiency lies
+    between the model's two bounds (nothing hidden, the whole backward pass hidden), 5 points of
+    slack either side; and no one overlap per source gets every row within 5 points."""
+    rows = scaling_model.benchmark_table()
+    sources = {r["benchmark"].source for r in rows}
+    assert len(sources) >= 2 and len(rows) >= 10
+    outside = [(r["benchmark"].model, r["benchmark"].gpus, r["benchmark"].efficiency, r["no_overlap"], r["full_overlap"])
+               for r in rows if not r["inside"]]
+    assert not outside, outside
+    for r in rows:
+        assert r["no_overlap"] <= r["full_overlap"] <= 1.0
+    for source in sources:
+        overlap, worst = scaling_model.fit_overlap([b for b in scaling_model.BENCHMARKS if b.source == source])
+        assert 0.0 <= overlap <= 1.0 and worst > 0.05, (source, overlap, worst)
+
+
+def test_benchmark_efficiencies_come_from_the_sources_images_per_second():
+    by = {(b.source.split()[0], b.model, b.gpus): b for b in scaling_model.BENCHMARKS}
+    resnet50 = by[("TensorFlow", "ResNet-50", 64)]  # 2744 images/s on 64 K80s, 52.4 on one
+    assert resnet50.efficiency == pytest.approx(2744 / (64 * 52.4))
+    assert resnet50.node_efficiency == pytest.approx(378 / (8 * 52.4)) and resnet50.nodes == 8
+    assert resnet50.servers == 8 and by[("TensorFlow", "ResNet-152", 64)].servers == 4
+    vgg = by[("Horovod", "VGG-16", 512)]
+    assert (vgg.efficiency, vgg.gpus_per_node, vgg.nic.bandwidth, vgg.batch) == (0.68, 4, 25e9 / 8, 64)
+
+
+def test_the_bounds_check_has_teeth():
+    """A model that gets the exchange wrong leaves published points outside its bounds: one
+    parameter server instead of one per instance, or links 10 times slower than documented."""
+    import dataclasses
+
+    tf_rows = [b for b in scaling_model.BENCHMARKS if b.algorithm == "sharded-ps"]
+    one_server = scaling_model.benchmark_table([dataclasses.replace(b, servers=1) for b in tf_rows])
+    assert not all(r["inside"] for r in one_server)
+    slow = scaling_model.Link("slow", 5e-6, 25e8 / 8)
+    ring_rows = [dataclasses.replace(b, nic=slow) for b in scaling_model.BENCHMARKS if b.algorithm == "ring"]
+    assert not all(r["inside"] for r in scaling_model.benchmark_table(ring_rows))

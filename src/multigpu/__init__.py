@@ -10,7 +10,8 @@ every lab              ``devices`` (GPU or CPU mode, threads, pinning), ``data``
                        bounded in time, clear errors)
 Lab 0 (welcome)        ``devices``, ``launch``
 Lab 1 (GD vs SGD)      ``toy``, ``gradient_noise``, ``batching``, ``schedules`` (the one
-                       learning-rate rule: linear scaling with warm-up)
+                       learning-rate rule: linear scaling with warm-up), ``large_batch``
+                       (LARS: a trust ratio per layer)
 Lab 2 (pipeline)       ``profiling`` (where one device's time goes), ``paramserver`` (naive
                        data parallelism), ``scaling_model``, ``ring`` (Lab 2b)
 Lab 3 (Horovod)        ``hvdtools`` (an all-reduce timer, composing the learner's script,

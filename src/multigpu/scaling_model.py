@@ -27,6 +27,12 @@ in the shapes of the curves. The published points drawn beside them (:data:`PUBL
 the arithmetic per image) were measured on other hardware with another algorithm
 (:data:`PUBLISHED_SOURCE`), so curves near them show the same shape, not a validated model; so
 was Baidu's 31x on 40 GPUs for a large recurrent model (:data:`PUBLISHED_BY`).
+
+The check on real hardware is :data:`BENCHMARKS`: published multi-node efficiencies (Horovod's
+P100s over 25 Gb/s RoCE, TensorFlow's K80s with parameter servers over 10 Gb/s) with their GPUs'
+measured single-GPU throughput, links and algorithms. :func:`benchmark_table` puts each beside
+the model's bounds (nothing overlapped, the whole backward pass overlapped); :func:`fit_overlap`
+finds how close one overlap per source gets.
 """
 
 from __future__ import annotations
@@ -232,6 +238,135 @@ def hierarchical_allreduce_time(nbytes: float, nodes: int, gpus_per_node: int, i
     return ring_allreduce_time(nbytes, gpus_per_node, intra) + ring_allreduce_time(nbytes, nodes, inter)
 
 
+@dataclass(frozen=True)
+class Benchmark:
+    """A published multi-node measurement, with the hardware and software it ran on.
+
+    ``one_gpu_images_per_s``: one GPU's training throughput on that GPU at that batch (the
+    compute the model divides by); ``node_efficiency``: the same source's efficiency on one whole
+    node, where it published one (what the GPUs of a node lose to each other over PCIe), else 1.
+    """
+
+    source: str
+    model: str
+    params: float  # parameters: float32 gradients of 4 bytes each
+    gpu: str
+    batch: int  # per GPU
+    one_gpu_images_per_s: float
+    gpus: int
+    gpus_per_node: int
+    nic: Link  # each node's network card
+    algorithm: str  # "ring" (one flat ring over every GPU) or "sharded-ps" (``servers`` parameter servers)
+    efficiency: float  # published: images/s of all GPUs over gpus x one GPU's
+    servers: int = 0
+    node_efficiency: float = 1.0
+
+    @property
+    def nodes(self) -> int:
+        return self.gpus // self.gpus_per_node
+
+
+#: Horovod's benchmark (the Horovod README, 2017: 32 servers; its docs/benchmarks page, 2018: 128
+#: servers): TensorFlow's tf_cnn_benchmarks, batch 64 per GPU, 4 Pascal GPUs per server, RoCE 25
+#: Gb/s, NCCL 2's ring. One P100's images/s: TensorFlow's benchmark page (DGX-1, May 2017);
+#: ResNet-101 is not in that table: ResNet-152's 91.8 scaled by multiply-adds (11.5 G / 7.8 G).
+_ROCE = Link("25 Gb/s RoCE", 5e-6, 25e9 / 8)
+_HOROVOD = "Horovod README / docs (Uber), TF + Horovod, ring all-reduce (NCCL 2)"
+#: TensorFlow's benchmark page (May 2017), "Amazon EC2 Distributed (K80)": p2.8xlarge instances,
+#: 8 K80 GPUs each, 10 Gb/s (AWS's instance table), distributed_replicated (the GPUs of an
+#: instance sum their gradients, then parameter servers, one per instance but 6 of 8 for
+#: InceptionV3 and 4 of 8 for ResNet-152); the one-instance efficiency from its 8-GPU row.
+_P2 = Link("10 Gb/s Ethernet (p2.8xlarge)", 50e-6, 10e9 / 8)
+_TF = "TensorFlow benchmarks (Google), TF parameter servers"
+
+
+def _tf_k80(model: str, params: float, batch: int, one: float, eight: float, rows: dict[int, tuple[float, int]]) -> list[Benchmark]:
+    return [Benchmark(_TF, model, params, "K80", batch, one, n, 8, _P2, "sharded-ps", rate / (n * one), servers,
+                      node_efficiency=eight / (8 * one)) for n, (rate, servers) in rows.items()]
+
+
+BENCHMARKS: list[Benchmark] = [
+    Benchmark(_HOROVOD, model, params, "P100", 64, one, n, 4, _ROCE, "ring", eff)
+    for model, params, one, points in (
+        ("Inception V3", 23.8e6, 142.0, {128: 0.90, 512: 0.90}),
+        ("ResNet-101", 44.5e6, 91.8 * 11.5 / 7.8, {128: 0.90, 512: 0.90}),
+        ("VGG-16", 138.4e6, 154.0, {128: 0.79, 512: 0.68}),
+    )
+    for n, eff in points.items()
+] + (
+    # images/s on 16, 32, 64 GPUs (2, 4, 8 instances) and the parameter servers of each run
+    _tf_k80("Inception V3", 23.8e6, 64, 29.7, 229, {16: (459, 2), 32: (902, 4), 64: (1783, 6)})
+    + _tf_k80("ResNet-50", 25.6e6, 64, 52.4, 378, {16: (751, 2), 32: (1388, 4), 64: (2744, 8)})
+    + _tf_k80("ResNet-152", 60.2e6, 32, 19.4, 146, {16: (291, 2), 32: (565, 4), 64: (981, 4)})
+)
+
+
+def hidden_comm_s(comm_s: float, compute_s: float, overlap: float) -> float:
+    """Communication hidden behind the backward pass (2/3 of compute): up to ``overlap`` of it."""
+    return min(comm_s, overlap * compute_s * 2.0 / 3.0)
+
+
+def predict_benchmark(bench: Benchmark, overlap: float = 0.0) -> float:
+    """The model's efficiency for ``bench`` on its own hardware: one GPU's step (its batch over its
+    images/s), the gradient's exchange through each node's card (:func:`ring_allreduce_time` over
+    all GPUs, or :func:`ps_time` between the nodes), up to ``overlap`` of the backward pass hidden,
+    times the node's own efficiency."""
+    compute = bench.batch / bench.one_gpu_images_per_s
+    nbytes = 4 * bench.params
+    if bench.algorithm == "ring":
+        comm = ring_allreduce_time(nbytes, bench.gpus, bench.nic)
+    else:
+        comm = ps_time(nbytes, bench.nodes, bench.nic, servers=bench.servers)
+    return bench.node_efficiency * compute / (compute + comm - hidden_comm_s(comm, compute, overlap))
+
+
+def benchmark_table(benchmarks: Sequence[Benchmark] | None = None, tolerance: float = 0.05) -> list[dict[str, Any]]:
+    """Each benchmark beside the model's two bounds, no overlap and the whole backward pass
+    overlapped: ``inside`` when the published efficiency lies between them, ``tolerance`` either side."""
+    rows = []
+    for b in BENCHMARKS if benchmarks is None else benchmarks:
+        low, high = predict_benchmark(b, 0.0), predict_benchmark(b, 1.0)
+        rows.append({"benchmark": b, "no_overlap": low, "full_overlap": high,
+                     "inside": low - tolerance <= b.efficiency <= high + tolerance})
+    return rows
+
+
+def fit_overlap(benchmarks: Sequence[Benchmark]) -> tuple[float, float]:
+    """The one overlap (0 to 1, in steps of 0.01) that brings the model closest to all of
+    ``benchmarks`` (least worst-case error), and that worst error."""
+    fits = [(max(abs(predict_benchmark(b, k / 100) - b.efficiency) for b in benchmarks), k / 100) for k in range(101)]
+    worst, overlap = min(fits)
+    return overlap, worst
+
+
+def plot_benchmarks(rows: Sequence[dict[str, Any]], ax: Any = None, tolerance: float = 0.05) -> Any:
+    """Published efficiency (x) against the model's range (a bar from no overlap to full overlap)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 5))
+    sources = sorted({r["benchmark"].source for r in rows})
+    for i, (source, marker) in enumerate(zip(sources, "os^")):
+        mine = [r for r in rows if r["benchmark"].source == source]
+        x = [r["benchmark"].efficiency for r in mine]
+        color = f"C{i}"
+        ax.vlines(x, [r["no_overlap"] for r in mine], [r["full_overlap"] for r in mine], color=color, alpha=0.6)
+        ax.plot(x, [r["no_overlap"] for r in mine], marker, color=color, label=f"{source.split(',')[0]}: nothing hidden")
+        ax.plot(x, [r["full_overlap"] for r in mine], marker, color=color, mfc="none",
+                label="... the whole backward pass overlapped")
+    ax.plot([0.4, 1.05], [0.4, 1.05], "k-", lw=1)
+    ax.fill_between([0.4, 1.05], [0.4 - tolerance, 1.05 - tolerance], [0.4 + tolerance, 1.05 + tolerance],
+                    color="0.85", label=f"model = published \u00b1 {tolerance:.0%}")
+    ax.set_xlim(0.4, 1.05)
+    ax.set_ylim(0.4, 1.05)
+    ax.set_xlabel("published efficiency")
+    ax.set_ylabel("model's efficiency on that hardware")
+    ax.set_title("Published points against the model's range on their hardware", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    return ax
+
+
 def comm_time(nbytes: float, n: int, link: Link | str, algorithm: str = "ring") -> float:
     """Communication seconds per step for ``algorithm`` (:data:`ALGORITHMS`)."""
     if algorithm == "ring":
@@ -288,7 +423,7 @@ def predict(
     def step(k: int) -> tuple[float, float, float, float]:
         c = base * (max(1.0, k / devices) if devices else 1.0)
         m = comm_time(nbytes, k, link, algorithm)
-        hidden = min(m, overlap * c * 2.0 / 3.0)
+        hidden = hidden_comm_s(m, c, overlap)
         return c, m, hidden, c + m - hidden
 
     c, m, hidden, t = step(n)
