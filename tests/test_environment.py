@@ -74,4 +74,5 @@ def test_horovods_extension_loads_mpi_and_torch_from_this_venv():
         for lib in ("libmpi.so.12", "libtorch_cpu.so"):
             assert lib in libs, f"{ext.name} does not load {lib}:\n{found}"
             assert prefix in Path(libs[lib]).resolve().parents, (
-                f"{ext.name} loads {lib} from {libs[lib]}, outside this venv ({prefix}): rerun tools/install_horovod.sh")
+                f"{ext.name} loads {lib} from {libs[lib]}, outside this venv ({prefix}): "
+                "rerun tools/install_horovod.sh")

@@ -166,6 +166,23 @@ def test_grading_for_a_certificate_refuses_without_the_sandbox(monkeypatch, tmp_
     assert result.score == 0 and "no submission" in result.criteria["workers"].message
 
 
+def test_no_verdict_where_horovod_cannot_load_inside_the_sandbox(monkeypatch):
+    """The red CI of 2026-11-25: Horovod worked outside the sandbox, but its extension loaded MPI
+    from a folder the sandbox hides, and every submission scored 0 ("MPI support has not been
+    built"). The same condition, made real: the venv's libmpi hidden from the sandbox. The grader
+    must refuse with the reason, before it runs anything, for a learner and for a certificate."""
+    libmpi = Path(sys.prefix) / "lib" / "libmpi.so.12"
+    assert libmpi.exists(), "the venv's MPICH is missing: run 'make setup'"
+    monkeypatch.setattr(grader, "_HOROVOD_CHECKED", set())  # checked once per process otherwise
+    started = time.monotonic()
+    for mode in ("auto", "required"):
+        with pytest.raises(grader.HorovodUnavailable, match="libmpi.so.12.*install_horovod") as raised:
+            grader.grade(grader.REFERENCE, rules.QUICK, sandbox=mode, hidden=[libmpi])
+        assert "inside the grading sandbox" in str(raised.value) and "No submission was graded" in str(raised.value)
+    assert time.monotonic() - started < 60, "the check runs before any baseline or submission"
+    assert grader.horovod_unavailable({"readable": [], "hidden": []}) is None  # and where it can, it passes
+
+
 def test_the_sandbox_command_hides_home_and_binds_back_only_what_runs(tmp_path):
     train = tmp_path / "data" / "train-set"
     train.mkdir(parents=True)

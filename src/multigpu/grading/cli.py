@@ -30,7 +30,11 @@ def cmd_grade(args: argparse.Namespace) -> int:
     script = target / "train.py" if target.is_dir() else target
     settings = rules.settings(args.profile)
     print(settings.describe(), flush=True)
-    result = grader.grade(script, settings, echo=args.echo, log=lambda m: print(m, flush=True))
+    try:
+        result = grader.grade(script, settings, echo=args.echo, log=lambda m: print(m, flush=True))
+    except grader.GradingUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(result.report())
     if args.save or args.json:
         out = grader.save_result(result, args.json or script.parent / grader.RESULT_FILE)
@@ -43,7 +47,7 @@ def cmd_grade_submissions(args: argparse.Namespace) -> int:
 
     try:
         done = official.grade_submissions(args.grading, rules.settings(args.profile))
-    except grader.SandboxUnavailable as e:
+    except grader.GradingUnavailable as e:  # no sandbox, or no Horovod inside it: nothing recorded
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"{sum(g.result.passed for g in done)} of {len(done)} assessment(s) passed; results in "
@@ -133,6 +137,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"a CPU-heavy job runs beside the gradings (pid {hog.pid})", flush=True)
     try:
         rows = _grade_all(jobs, settings, args)
+    except grader.GradingUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     finally:
         if hog is not None:
             launch.kill_sessions([hog])

@@ -7,7 +7,10 @@ What it does, in order (nothing the script prints or writes as a metric is trust
 
 1. :func:`check_source`: the file exists and compiles (otherwise: zero, nothing runs).
 2. Prepares the data: the training set the script gets (``$MULTIGPU_ASSESSMENT_DATA``) and a
-   held-out set generated with the grader's own seed (:data:`rules.HOLDOUT_SEED`).
+   held-out set generated with the grader's own seed (:data:`rules.HOLDOUT_SEED`); checks that
+   Horovod loads where the runs will run (:func:`horovod_unavailable`; otherwise
+   :class:`HorovodUnavailable` and no verdict: every submission would fail through no fault of
+   its own).
 3. Runs the unmodified starter on one worker with ONE thread (the baseline: one core's share,
    the same ideal Lab 3 and ``make bench`` use), the submission with ``horovodrun -np 4`` under
    the time budget, and the baseline again (interleaved, so a slow minute hits both), each with
@@ -611,6 +614,9 @@ def grade(
         log("preparing the data (the training set and the grader's own held-out set)")
         train_root, holdout, baseline_root = prepare_data(settings, private)
         rules_ = None if why_not else sandbox_rules(train_root, [private, *hidden], [baseline_root])
+        broken = horovod_unavailable(rules_)
+        if broken:
+            raise HorovodUnavailable(f"cannot grade: {broken}. No submission was graded.")
         submission = work / "submission"
         submission.mkdir()
         shutil.copy(script_path, submission / "train.py")  # the script runs from a scratch copy
@@ -643,8 +649,66 @@ def grade(
     return GradeResult(name, settings, criteria, measurements, sandboxed=rec.sandboxed)
 
 
-class SandboxUnavailable(RuntimeError):
+class GradingUnavailable(RuntimeError):
+    """This machine cannot give the verdict asked for: an error for the operator, no grade."""
+
+
+class SandboxUnavailable(GradingUnavailable):
     """Grading for a certificate was asked for where the sandbox cannot start."""
+
+
+class HorovodUnavailable(GradingUnavailable):
+    """The grading environment cannot run Horovod where submissions run: no verdict is given
+    (every submission would fail its workers criterion through no fault of its own)."""
+
+
+#: Sandboxed or not, where Horovod was found working in this process (a working build stays
+#: working; the folders a grading hides besides HOME and /tmp never hold the venv).
+_HOROVOD_CHECKED: set[bool] = set()
+#: What the check runs where submissions run: Horovod's PyTorch extension and the controllers it has.
+_HOROVOD_PROBE = ("import horovod.torch as hvd; "
+                  "print('controllers:', 'mpi' * hvd.mpi_built(), 'gloo' * hvd.gloo_built())")
+
+
+def horovod_unavailable(sandbox_rules_: dict | None) -> str | None:
+    """None when Horovod's PyTorch extension loads where submissions run (inside the sandbox with
+    ``sandbox_rules_``, else plainly) with the controller the grader launches them with
+    (:func:`launch.horovod_controller`, decided outside the sandbox); otherwise why not, for the
+    operator. An extension that loads MPI from a folder the sandbox hides passes outside and fails
+    inside (seen: a cached wheel that kept its building clone's library path): every submission
+    would then fail through no fault of its own."""
+    import subprocess
+    import sys
+
+    from multigpu import launch
+    from multigpu.grading import sandbox as sb
+
+    sandboxed = sandbox_rules_ is not None
+    if sandboxed in _HOROVOD_CHECKED:
+        return None
+    controller = launch.horovod_controller()
+    argv = [sys.executable, "-c", _HOROVOD_PROBE]
+    where = "inside the grading sandbox" if sandboxed else "on this machine"
+    with tempfile.TemporaryDirectory(prefix="multigpu-check-") as tmp:
+        if sandboxed:
+            argv = sb.command(argv, workdir=Path(tmp), readable=sandbox_rules_.get("readable", ()),
+                              hidden=sandbox_rules_.get("hidden", ()))
+            env = sb.environment()
+        else:
+            env = dict(os.environ)
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"Horovod's check did not run {where}: {e}"
+    found = re.search(r"^controllers:(.*)$", out.stdout, re.M)
+    if out.returncode == 0 and found and controller in found.group(1).split():
+        _HOROVOD_CHECKED.add(sandboxed)
+        return None
+    why = (out.stderr.strip().splitlines() or [f"exit code {out.returncode}"])[-1] if out.returncode else \
+        f"it was built without {controller.upper()}, which the grader launches with"
+    return (f"Horovod's PyTorch extension does not work {where} ({why}): rerun tools/install_horovod.sh "
+            "(make setup) and check that the extension loads its libraries from the venv "
+            "(ldd .venv/lib/python3.11/site-packages/horovod/torch/mpi_lib_v2*.so)")
 
 
 
