@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 import time
@@ -181,6 +182,25 @@ def test_no_verdict_where_horovod_cannot_load_inside_the_sandbox(monkeypatch):
         assert "inside the grading sandbox" in str(raised.value) and "No submission was graded" in str(raised.value)
     assert time.monotonic() - started < 60, "the check runs before any baseline or submission"
     assert grader.horovod_unavailable({"readable": [], "hidden": []}) is None  # and where it can, it passes
+
+
+def test_what_is_hidden_stays_hidden_inside_a_folder_bound_back(tmp_path):
+    """A folder under the hidden /tmp comes back read-only (a course or venv checked out there);
+    a file and a folder hidden inside it must stay hidden (the venv's libmpi in the test above,
+    when CI's clone lies in /tmp; grading/ of a course checked out in HOME)."""
+    course = tmp_path / "course"
+    (course / "grading").mkdir(parents=True)
+    (course / "grading" / "gradebook.db").write_text("marks")
+    (course / "secret.txt").write_text("key")
+    (course / "public.txt").write_text("ok")
+    (tmp_path / "w").mkdir()
+    show = "import pathlib, sys; print([p.read_text() if p.is_file() else '-' for p in map(pathlib.Path, sys.argv[1:])])"
+    files = [str(course / f) for f in ("public.txt", "secret.txt", "grading/gradebook.db")]
+    argv = sandbox.command([sys.executable, "-c", show, *files], workdir=tmp_path / "w", readable=[course],
+                           hidden=[course / "secret.txt", course / "grading"])
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=sandbox.environment())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['ok', '-', '-']", out.stdout
 
 
 def test_the_sandbox_command_hides_home_and_binds_back_only_what_runs(tmp_path):

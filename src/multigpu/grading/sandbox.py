@@ -104,10 +104,14 @@ def command(
     back = [n for n in dict.fromkeys(needed) if n.exists() and any(h in n.parents for h in hide)]
     for n in sorted(back, key=lambda p: len(p.parts)):
         args += ["--ro-bind", str(n), str(n)]
-    # and what is hidden inside those is hidden again (grading/ of a course checked out in ~)
+    # and what is hidden inside those is hidden again (grading/ of a course checked out in ~, a
+    # file of a venv in /tmp), folders and files alike
     for h in hide:
-        if h.is_dir() and any(n in h.parents for n in back):
-            args += ["--tmpfs", str(h)]
+        if any(n in h.parents for n in back):
+            if h.is_dir():
+                args += ["--tmpfs", str(h)]
+            elif h.exists():
+                args += ["--ro-bind", "/dev/null", str(h)]
     args += ["--dir", HOME]
     if writable:
         args += ["--bind", str(workdir), str(workdir)]
