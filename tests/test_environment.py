@@ -57,7 +57,6 @@ def test_horovod_is_built_with_pytorch_mpi_and_gloo():
     assert launch.horovod_controller() == "mpi"  # the course's default: MPI's shared memory on one machine
 
 
-
 def test_horovods_extension_loads_mpi_and_torch_from_this_venv():
     """A cached wheel carries the RUNPATH of the venv it was built in. Loaded from another clone's
     venv, MPI vanished inside the grading sandbox (which hides /tmp) and horovodrun said "MPI

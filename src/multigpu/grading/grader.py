@@ -689,17 +689,14 @@ def horovod_unavailable(sandbox_rules_: dict | None) -> str | None:
     controller = launch.horovod_controller()
     argv = [sys.executable, "-c", _HOROVOD_PROBE]
     where = "inside the grading sandbox" if sandboxed else "on this machine"
-    with tempfile.TemporaryDirectory(prefix="multigpu-check-") as tmp:
-        if sandboxed:
-            argv = sb.command(argv, workdir=Path(tmp), readable=sandbox_rules_.get("readable", ()),
-                              hidden=sandbox_rules_.get("hidden", ()))
-            env = sb.environment()
-        else:
-            env = dict(os.environ)
-        try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return f"Horovod's check did not run {where}: {e}"
+    if sandboxed:  # as sandbox.unavailable probes: nothing to write, so no work folder
+        argv = sb.command(argv, workdir=Path("/"), writable=False, readable=sandbox_rules_.get("readable", ()),
+                          hidden=sandbox_rules_.get("hidden", ()))
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/",
+                             env=sb.environment() if sandboxed else None)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"Horovod's check did not run {where}: {e}"
     found = re.search(r"^controllers:(.*)$", out.stdout, re.M)
     if out.returncode == 0 and found and controller in found.group(1).split():
         _HOROVOD_CHECKED.add(sandboxed)

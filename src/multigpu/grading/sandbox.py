@@ -95,11 +95,12 @@ def command(
     # GPU to test on: the gpu profile is marked UNMEASURED until someone grades on one)
     for node in sorted(glob.glob("/dev/nvidia*")):
         args += ["--dev-bind", node, node]
+    def cover(h: Path) -> list[str]:
+        """An empty tmpfs over a hidden folder, /dev/null over a hidden file."""
+        return ["--tmpfs", str(h)] if h.is_dir() else ["--ro-bind", "/dev/null", str(h)] if h.exists() else []
+
     for h in sorted(set(hide), key=lambda p: len(p.parts)):  # outer folders first
-        if h.is_dir():
-            args += ["--tmpfs", str(h)]
-        elif h.exists():
-            args += ["--ro-bind", "/dev/null", str(h)]
+        args += cover(h)
     # what the submission needs comes back read-only where a hidden folder covered it
     back = [n for n in dict.fromkeys(needed) if n.exists() and any(h in n.parents for h in hide)]
     for n in sorted(back, key=lambda p: len(p.parts)):
@@ -108,10 +109,7 @@ def command(
     # file of a venv in /tmp), folders and files alike
     for h in hide:
         if any(n in h.parents for n in back):
-            if h.is_dir():
-                args += ["--tmpfs", str(h)]
-            elif h.exists():
-                args += ["--ro-bind", "/dev/null", str(h)]
+            args += cover(h)
     args += ["--dir", HOME]
     if writable:
         args += ["--bind", str(workdir), str(workdir)]
