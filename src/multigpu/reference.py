@@ -1,0 +1,102 @@
+"""The reference run's figures, shipped with the course and printed beside the learner's own.
+
+Prose in the labs states only what holds on any machine. A figure that depends on the machine
+(a speed-up, an accuracy after a short run, a scaling efficiency) is printed by a code cell: the
+learner's own value, the reference run's value with its machine and date, and a sentence
+computed from both. The reference figures live in ``reference_runs/<notebook stem>.json``::
+
+    {"machine": "2-core CPU (no GPU), torch 2.13.0+cpu",
+     "date": "2026-11-25",
+     "command": "make course",
+     "figures": {"scaling_efficiency_2": {"value": 0.89, "unit": "x ideal",
+                                          "what": "2 workers' throughput against the ideal"}}}
+
+``beside("03-horovod", "scaling_efficiency_2", 0.84)`` then says
+"your run: 0.84 x ideal; the reference run (2-core CPU ..., 2026-11-25): 0.89 x ideal (yours is
+0.94 x the reference)". Update a notebook's file after a reference run with ``record(...)``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+FOLDER = "reference_runs"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of the reference run: its value, unit, what it measures and where it was measured."""
+
+    value: float
+    unit: str
+    what: str
+    machine: str
+    date: str
+    command: str
+
+
+def _path(notebook: str) -> Path:
+    return Path(str(resources.files("multigpu").joinpath(FOLDER, f"{notebook}.json")))
+
+
+def load(notebook: str) -> dict[str, Figure]:
+    """Every reference figure of one notebook (by its file stem, e.g. ``"01-gd-vs-sgd"``)."""
+    path = _path(notebook)
+    if not path.exists():
+        raise FileNotFoundError(f"no reference run for {notebook!r}: {path} is missing")
+    raw = json.loads(path.read_text())
+    return {
+        key: Figure(
+            value=float(entry["value"]),
+            unit=entry.get("unit", ""),
+            what=entry.get("what", key),
+            machine=raw["machine"],
+            date=raw["date"],
+            command=raw.get("command", ""),
+        )
+        for key, entry in raw["figures"].items()
+    }
+
+
+def figure(notebook: str, key: str) -> Figure:
+    """One reference figure; a clear error names the keys that exist."""
+    figures = load(notebook)
+    if key not in figures:
+        raise KeyError(f"{notebook} has no reference figure {key!r}; it has {sorted(figures)}")
+    return figures[key]
+
+
+def _fmt(value: float, fmt: str, unit: str) -> str:
+    text = format(value, fmt)
+    return f"{text} {unit}".rstrip() if unit and not unit.startswith("%") else text + unit
+
+
+def beside(notebook: str, key: str, yours: float, fmt: str = ".2f") -> str:
+    """The learner's figure beside the reference run's, and their ratio, as one sentence."""
+    ref = figure(notebook, key)
+    sentence = (
+        f"{ref.what}: your run {_fmt(yours, fmt, ref.unit)}; the reference run "
+        f"({ref.machine}, {ref.date}) {_fmt(ref.value, fmt, ref.unit)}"
+    )
+    if ref.value != 0 and yours == yours:  # not NaN
+        sentence += f" (yours is {yours / ref.value:.2f} x the reference)"
+    return sentence
+
+
+def show(notebook: str, key: str, yours: float, fmt: str = ".2f") -> None:
+    """Print :func:`beside` (the form a notebook cell uses)."""
+    print(beside(notebook, key, yours, fmt))
+
+
+def record(notebook: str, key: str, value: float, *, unit: str, what: str, machine: str, date: str,
+           command: str, folder: Path | None = None) -> Path:
+    """Write (or replace) one reference figure; the machine, date and command apply to the file."""
+    path = (folder / f"{notebook}.json") if folder else _path(notebook)
+    raw = json.loads(path.read_text()) if path.exists() else {"figures": {}}
+    raw.update(machine=machine, date=date, command=command)
+    raw["figures"][key] = {"value": value, "unit": unit, "what": what}
+    path.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    return path
