@@ -16,7 +16,7 @@ ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --ServerApp.allow_root=True)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: sandbox-deps help setup lab lab-instructor test test-fast data info release check-release \
-        clean-notebooks check-notebooks course bench calibrate collect autograde feedback \
+        clean-notebooks check-notebooks course bench test-deps calibrate collect autograde feedback \
         grades certificates grade-me clean browser-deps test-browser
 
 help:
@@ -29,6 +29,7 @@ help:
 	@echo "make check-release   fail when learner copies differ from what make release generates"
 	@echo "make clean-notebooks strip outputs and volatile metadata (check-notebooks only checks)"
 	@echo "make lab-instructor  JupyterLab with the nbgrader formgrader on solutions/"
+	@echo "make test-deps       install what the browser tests need (Debian chromium, playwright)"
 	@echo "make test-browser    end-to-end test of the learner view in headless Chromium (make browser-deps installs it)"
 	@echo "make bench           speed, scaling efficiency and grading cost against their targets (bench/results.md)"
 	@echo "make grade-me        the official grader's verdict on assessments/train.py"
@@ -71,9 +72,12 @@ grade-me: $(STAMP)
 	$(BIN)/multigpu grade assessments --echo
 
 # ---------------------------------------------------------------------------------- checks
-# everything, the browser test included (browser-deps installs Debian's chromium and playwright)
-test: $(STAMP) browser-deps
+# everything; the browser tests need `make test-deps` first (they are skipped, with the reason, without it)
+test: $(STAMP)
 	MULTIGPU_QUICK=1 $(PY) -m pytest --durations=15
+
+# what the tests need beyond make setup: Debian's chromium and playwright for the browser tests
+test-deps: browser-deps
 
 test-fast: $(STAMP)
 	MULTIGPU_QUICK=1 $(PY) -m pytest -m "not slow"
