@@ -26,6 +26,8 @@ from multigpu.grading import grader, rules, runner, variants
 QUICK = rules.QUICK
 BROKEN_SETTINGS = QUICK.replace(workers=2, baseline_repeats=0, time_budget_s=150.0)
 TWO_EPOCHS = ("--epochs", "2")
+#: A timeline's file name in the tests (a grading draws its own: grader.timeline_file)
+TIMELINE = "horovod-timeline.json"
 
 
 # ----------------------------------------------------------------------------- rules and pieces
@@ -284,7 +286,7 @@ def test_the_same_shard_every_epoch_is_named_a_missing_set_epoch(tmp_path):
             ckpts[(rank, epoch)] = tmp_path / f"rank-{rank}-epoch-{epoch}.pt"
             torch.save({"model": {"w": torch.ones(3)}, "indices": list(range(rank, size, 2))}, ckpts[(rank, epoch)])
     rec = runner.RunRecord(command=[], returncode=0, wall_s=10, epoch_times={1: 4.0, 2: 8.0})
-    timeline = _write_timeline(tmp_path / grader.TIMELINE_FILE, {"w": [3]}, rounds=10)
+    timeline = _write_timeline(tmp_path / TIMELINE, {"w": [3]}, rounds=10)
     crit = grader.judge(rec, ckpts, BROKEN_SETTINGS, train_root, train_root, {"baselines": []}, print,
                          "import horovod", timeline_path=timeline)
     assert crit["identical"].passed, crit["identical"].message
@@ -344,7 +346,7 @@ print("done", hvd.rank())
 def real_timeline(tmp_path_factory) -> Path:
     """The timeline a real 2-worker horovodrun job wrote (``HOROVOD_TIMELINE``, as the grader sets it)."""
     work = tmp_path_factory.mktemp("horovod-job")
-    path = work / grader.TIMELINE_FILE
+    path = work / TIMELINE
     rec = runner.run_untrusted(_script(work, HOROVOD_JOB), work / "run", workers=2, timeout=120,
                             max_output_bytes=100_000, env={"HOROVOD_TIMELINE": str(path)})
     assert rec.ok and rec.tail.count("done") == 2, rec.tail[-3000:]
@@ -382,7 +384,7 @@ def test_the_timeline_of_a_real_horovod_run_counts_its_gradient_rounds(real_time
 def test_a_timeline_cut_anywhere_is_read_or_refused_without_a_crash(real_timeline, tmp_path):
     """A run killed at its time limit leaves half a timeline: what was written counts, no more."""
     text = real_timeline.read_bytes()
-    cut = tmp_path / grader.TIMELINE_FILE
+    cut = tmp_path / TIMELINE
     for end in range(0, len(text), max(len(text) // 40, 1)):
         cut.write_bytes(text[:end])
         verdict = grader.horovod_averaging(cut, NAMED, samples_per_worker=20, epochs=1, settings=QUICK)
@@ -427,7 +429,7 @@ def _junk(kind: str, path: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["binary", "text", "nested", "object", "numbers", "odd_types", "empty", "oversized",
                                   "symlink", "fifo", "directory"])
 def test_a_junk_timeline_is_a_fail_with_a_message_never_a_crash(kind, tmp_path):
-    path = tmp_path / "run" / grader.TIMELINE_FILE
+    path = tmp_path / "run" / TIMELINE
     path.parent.mkdir()
     _junk(kind, path, tmp_path)
     t = time.monotonic()

@@ -37,6 +37,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import statistics
 import tempfile
@@ -50,7 +51,7 @@ import torch
 
 from multigpu import data, devices, models, timeline, training
 from multigpu.course import layout
-from multigpu.grading import rules, runner
+from multigpu.grading import audit, review, rules, runner
 from multigpu.grading.rules import RESULT_FILE, Settings
 
 HERE = Path(__file__).resolve().parent
@@ -94,6 +95,12 @@ class GradeResult:
     measurements: dict[str, Any] = field(default_factory=dict)
     #: ran inside the sandbox (a certificate needs it)
     sandboxed: bool = False
+    #: SHA-256 of the graded source's bytes ("" when there was none)
+    source_sha256: str = ""
+    #: the grader that gave the verdict: :func:`audit.grader_version`
+    grader_version: str = ""
+    #: what a person must look at before a pass is certified: :func:`review.record`
+    review: dict[str, Any] = field(default_factory=lambda: review.record([], False))
 
     @property
     def score(self) -> int:
@@ -105,7 +112,13 @@ class GradeResult:
 
     @property
     def passed(self) -> bool:
+        """Every criterion passed (a pass held for review is still a pass, not yet certified)."""
         return self.score == self.max_score
+
+    @property
+    def held(self) -> bool:
+        """A pass held for review until a person approves it: see :mod:`multigpu.grading.review`."""
+        return review.awaits_decision(self.review)
 
     def ok(self, name: str) -> bool:
         return self.criteria[name].passed
@@ -122,6 +135,10 @@ class GradeResult:
             lines.append(f"  NOT SANDBOXED: {self.measurements.get('sandbox', 'the run was not sandboxed')} "
                          "(the verdict is yours to see; a certificate needs a sandboxed grading)")
         lines += ["  " + self.message(name) for name in self.criteria]
+        if self.review["flags"]:
+            lines.append(("  HELD FOR REVIEW (no certificate until the instructor approves it): " if self.review["held"]
+                          else "  review flags (a pass would be held for review): ")
+                         + review.summary(self.review["flags"]))
         facts = [f"{k} {m[k]:.3f}" if isinstance(m.get(k), float) else f"{k} {m[k]}"
                  for k in ("accuracy_held", "throughput", "ideal", "efficiency", "run_s") if m.get(k) is not None]
         if facts:
@@ -139,6 +156,9 @@ class GradeResult:
             "criteria": {n: {"points": c.points, "passed": c.passed, "message": c.message}
                          for n, c in self.criteria.items()},
             "measurements": self.measurements,
+            "source_sha256": self.source_sha256,
+            "grader_version": self.grader_version,
+            "review": self.review,
         }
 
 
@@ -150,11 +170,11 @@ def save_result(result: GradeResult, path: str | os.PathLike = RESULT_FILE) -> P
 
 
 def _all_fail(script: str, settings: Settings, message: str, *, sandboxed: bool = True,
-              **measurements: Any) -> GradeResult:
+              **identity: str) -> GradeResult:
     """Every criterion failed with ``message`` (by default: nothing of the submission ran, so
-    nothing escaped a sandbox)."""
+    nothing escaped a sandbox); ``identity``: :func:`audit.identity` of the source."""
     return GradeResult(script, settings, {n: Criterion(n, p, False, message) for n, p in POINTS.items()},
-                       dict(measurements), sandboxed=sandboxed)
+                       {}, sandboxed=sandboxed, **identity)
 
 
 def deferred(settings: Settings, message: str) -> GradeResult:
@@ -255,9 +275,15 @@ def run_throughput(record: runner.RunRecord, images: dict[int, int]) -> float | 
     return counted / elapsed if elapsed > 0 else None
 
 
-#: Where the submission's run writes Horovod's timeline: its own writable folder, named by the
-#: ``HOROVOD_TIMELINE`` the grader passes (Horovod's coordinator, rank 0, writes it from hvd.init()).
-TIMELINE_FILE = "horovod-timeline.json"
+
+
+def timeline_file(folder: Path) -> Path:
+    """Where the submission's run is told to write Horovod's timeline (``HOROVOD_TIMELINE``;
+    Horovod's coordinator, rank 0, writes it from hvd.init() on): in its writable folder, under a
+    name drawn afresh for every grading, so no script can name the file in advance."""
+    return folder / f"horovod-timeline-{secrets.token_hex(8)}.json"
+
+
 _SHAPE = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)?\s*\]")
 
 
@@ -267,42 +293,122 @@ def _timeline_shape(text: Any) -> tuple[int, ...] | None:
     return None if m is None else tuple(int(x) for x in (m.group(1) or "").replace(" ", "").split(",") if x)
 
 
-def gradient_allreduce_rounds(events: Sequence[Any], weights: dict[str, torch.Tensor]) -> tuple[int, int]:
-    """``(rounds, all-reduces)`` of the model's gradients in a Horovod timeline's events.
+def gradient_round_ends(events: Sequence[Any], weights: dict[str, torch.Tensor]) -> tuple[list[float], int]:
+    """When each complete round of the model's gradient all-reduces ended in a Horovod timeline's
+    events (``ts``: microseconds after the timeline's start, ``inf`` where an event has none), and
+    how many all-reduces of the gradients' shapes completed.
 
-    An all-reduce counts when it completed: its top-level end event carries the result's shape
-    (``{"ph": "E", "args": {"dtype": ..., "shape": "[10, 2048]"}}`` on a tensor whose name starts
-    with ``allreduce.``: ``hvd.DistributedOptimizer`` names them ``allreduce.<parameter>`` or
-    ``allreduce.allreduce.noname.<group>.<i>``). A round is one all-reduce of EVERY trainable tensor
-    of ``weights``, matched by shape, so names do not matter; anything malformed is skipped.
+    An all-reduce counts when it completed in Horovod's format: on a tensor whose name starts with
+    ``allreduce.`` (``hvd.DistributedOptimizer`` names them ``allreduce.<parameter>`` or
+    ``allreduce.allreduce.noname.<group>.<i>``), a top-level ``ALLREDUCE`` phase that contains the
+    library's own phase (``MPI_ALLREDUCE``, ``GLOO_ALLREDUCE``, ``NCCL_ALLREDUCE``, ...) and whose
+    end event carries the result's shape (``{"ph": "E", "args": {"dtype": ..., "shape": "[10, 2048]"}}``).
+    A round is one all-reduce of EVERY trainable tensor of ``weights``, matched by shape, so names
+    do not matter; it ends with the last of them. Anything malformed is skipped.
     """
     wanted = Counter(tuple(t.shape) for t in weights.values() if t.is_floating_point())
     if not wanted:
-        return 0, 0
+        return [], 0
     names = timeline.tensor_names(events)
-    done: Counter[tuple[int, ...]] = Counter()
+    ends: dict[tuple[int, ...], list[float]] = {s: [] for s in wanted}
+    for pid, ts, args in _completed_allreduces(events, names):
+        shape = _timeline_shape(args.get("shape"))
+        if shape in wanted:
+            ends[shape].append(float(ts) if isinstance(ts, (int, float)) and math.isfinite(ts) else math.inf)
+    rounds = min(len(ends[s]) // k for s, k in wanted.items())
+    for s in ends:
+        ends[s].sort()
+    round_ends = [max(ends[s][(j + 1) * k - 1] for s, k in wanted.items()) for j in range(rounds)]
+    return round_ends, sum(len(v) for v in ends.values())
+
+
+#: The library's part of a collective in Horovod's timeline (MPI_ALLREDUCE, GLOO_ALLREDUCE, NCCL_ALLREDUCE, ...).
+_LIBRARY_PHASE = re.compile(r"^[A-Z0-9]+_(ALLREDUCE|REDUCESCATTER|ALLGATHER)$")
+
+
+def _completed_allreduces(events: Sequence[Any], names: dict[int, str]) -> list[tuple[int, Any, dict]]:
+    """``(pid, ts, args)`` of each all-reduce of an ``allreduce.*`` tensor that completed in
+    Horovod's format (see :func:`gradient_round_ends`): begin/end events paired per tensor."""
+    stacks: dict[int, list[list]] = {}  # pid -> open phases: [name, saw the library's phase]
+    done = []
     for e in events:
-        if not isinstance(e, dict) or not isinstance(e.get("pid"), int):
+        if not isinstance(e, dict) or not isinstance(e.get("pid"), int) \
+                or not names.get(e["pid"], "").startswith("allreduce."):
             continue
-        args = e.get("args")
-        if not isinstance(args, dict):
-            continue
-        if e.get("ph") == "E" and names.get(e["pid"], "").startswith("allreduce."):
-            shape = _timeline_shape(args.get("shape"))
-            if shape in wanted:
-                done[shape] += 1
-    return min(done[s] // k for s, k in wanted.items()), sum(done[s] for s in wanted)
+        stack = stacks.setdefault(e["pid"], [])
+        if e.get("ph") == "B" and isinstance(e.get("name"), str):
+            if stack and _LIBRARY_PHASE.match(e["name"]):
+                stack[0][1] = True
+            stack.append([e["name"], False])
+        elif e.get("ph") == "E" and stack:
+            phase, library = stack.pop()
+            if not stack and phase == "ALLREDUCE" and library and isinstance(e.get("args"), dict):
+                done.append((e["pid"], e.get("ts"), e["args"]))
+    return done
+
+
+def gradient_allreduce_rounds(events: Sequence[Any], weights: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """``(rounds, all-reduces)`` of the model's gradients in a Horovod timeline's events (see
+    :func:`gradient_round_ends`)."""
+    round_ends, allreduces = gradient_round_ends(events, weights)
+    return len(round_ends), allreduces
+
+
+@dataclass(frozen=True)
+class RunClock:
+    """The grader's clock of a run: when it started (wall clock, seconds since the epoch), how
+    long it ran, and when the checkpoints of its last complete epoch had all appeared (seconds
+    after the start)."""
+
+    started_at: float
+    wall_s: float
+    trained_until: float
+
+
+#: Slack between the grader's clock and the timeline's (seconds). Both read the same system clock;
+#: the grader sees a checkpoint up to one poll (runner.POLL_S) late, more on a loaded machine.
+CLOCK_SLACK_S = 2.0
+
+
+def timeline_start(events: Sequence[Any]) -> float | None:
+    """The wall clock (seconds since the epoch) at which Horovod started the timeline: its first
+    metadata event, ``{"name": "process_name", "pid": 0, "args": {"start_time_since_epoch_in_micros": ...}}``."""
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "M" and e.get("pid") == 0 and isinstance(e.get("args"), dict):
+            start = e["args"].get("start_time_since_epoch_in_micros")
+            if isinstance(start, int) and not isinstance(start, bool):
+                return start / 1e6
+    return None
+
+
+def rounds_while_training(events: Sequence[Any], round_ends: Sequence[float], clock: RunClock) -> tuple[int, str]:
+    """How many of the gradient rounds ended while the run trained, by the grader's clock (from
+    the run's start to its last complete epoch's checkpoints), and why the timeline's clock
+    cannot be the run's ("" when it can). Horovod starts its timeline in ``hvd.init()``, after the
+    run started and before it ended; a timeline written afterwards, or with made-up times, does not
+    fit the run."""
+    start = timeline_start(events)
+    if start is None:
+        return 0, "it lacks the start time Horovod writes first (start_time_since_epoch_in_micros)"
+    offset = start - clock.started_at
+    if not -CLOCK_SLACK_S <= offset <= clock.wall_s + CLOCK_SLACK_S:
+        return 0, (f"its clock starts {offset:+.1f} s from the start of the run, which lasted "
+                   f"{clock.wall_s:.0f} s (the grader's clock)")
+    limit = clock.trained_until + CLOCK_SLACK_S
+    return sum(1 for t in round_ends if -CLOCK_SLACK_S <= offset + t / 1e6 <= limit), ""
 
 
 def horovod_averaging(path: Path | None, weights: dict[str, torch.Tensor], samples_per_worker: float, epochs: int,
-                      settings: Settings, source: str = "") -> dict[str, Any]:
+                      settings: Settings, source: str = "", clock: RunClock | None = None) -> dict[str, Any]:
     """Did Horovod average the gradients? Judged from Horovod's own account of the run: the
     timeline its rank 0 wrote to ``path`` (``HOROVOD_TIMELINE``, set by the grader).
 
     An epoch needs ``max(settings.min_allreduces_per_epoch, ceil(samples_per_worker /
     rules.MAX_IMAGES_PER_ALLREDUCE))`` complete rounds of gradient all-reduces, on average over
-    the ``epochs`` (see :func:`gradient_allreduce_rounds` and :mod:`rules`). A missing, oversized or
-    malformed file is a fail with a message. Returns ``{"ok", "message", "measurements"}``.
+    the ``epochs`` (see :func:`gradient_round_ends` and :mod:`rules`). With the run's ``clock``
+    only the rounds that ended while the run trained count, and a timeline whose clock does not
+    fit the run is not Horovod's account of it (:func:`rounds_while_training`). A missing,
+    oversized or malformed file is a fail with a message. Returns ``{"ok", "message", "measurements"}``.
     """
     convert = ("This assessment certifies a Horovod conversion: call hvd.init() and wrap the optimizer in "
                "hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters()), which all-reduces "
@@ -310,7 +416,7 @@ def horovod_averaging(path: Path | None, weights: dict[str, torch.Tensor], sampl
                "is not accepted")
     if "DistributedDataParallel" in source or "init_process_group" in source:
         convert += " (your script uses torch.distributed: its all-reduces are not Horovod's)"
-    tamper = f"leave HOROVOD_TIMELINE as the grader sets it and do not write {TIMELINE_FILE} yourself"
+    tamper = "leave HOROVOD_TIMELINE as the grader sets it and never write Horovod's timeline yourself"
     if path is None or not (path.exists() or path.is_symlink()):
         return {"ok": False, "measurements": {"horovod_timeline_bytes": None}, "message": (
             "the grader found no Horovod gradient all-reduce in the run: Horovod's rank 0 records every collective "
@@ -319,32 +425,57 @@ def horovod_averaging(path: Path | None, weights: dict[str, torch.Tensor], sampl
     try:
         size = path.lstat().st_size
         events = timeline.load(path, max_bytes=rules.MAX_TIMELINE_BYTES)
-        rounds, allreduces = gradient_allreduce_rounds(events, weights)
+        round_ends, allreduces = gradient_round_ends(events, weights)
     except (ValueError, OSError, RecursionError, MemoryError) as err:
         why = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        why = why.replace(path.name, "the timeline")  # the grader's file name stays its own
         big = (f". A timeline over {rules.MAX_TIMELINE_BYTES // 2**20} MB means a very small per-worker batch: "
                "use a larger one (the reference uses 32)") if "larger than" in why else ""
         return {"ok": False, "measurements": {"horovod_timeline_bytes": None}, "message": (
-            f"the Horovod timeline of the run ({TIMELINE_FILE}) could not be read ({why}), so the grader cannot see "
+            f"the Horovod timeline of the run could not be read ({why}), so the grader cannot see "
             f"Horovod average the gradients: {tamper}{big}")}
+    rounds, late, measured = len(round_ends), 0, {"horovod_timeline_bytes": size}
+    if clock is not None:
+        counted, misfit = rounds_while_training(events, round_ends, clock)
+        if misfit:
+            measured["horovod_timeline_misfit"] = misfit
+            return {"ok": False, "measurements": measured, "message": (
+                f"the Horovod timeline of the run does not fit the run: {misfit}. The grader takes only Horovod's own "
+                f"account of the run, written from hvd.init() on, as evidence that the gradients were averaged: "
+                f"{tamper}. {convert}")}
+        rounds, late = counted, rounds - counted
+    return _averaging_verdict(rounds, late, allreduces, weights, samples_per_worker, epochs, settings, measured,
+                              convert)
+
+
+def _averaging_verdict(rounds: int, late: int, allreduces: int, weights: dict[str, torch.Tensor],
+                       samples_per_worker: float, epochs: int, settings: Settings, measured: dict[str, Any],
+                       convert: str) -> dict[str, Any]:
+    """:func:`horovod_averaging`'s verdict on the gradient rounds counted in the timeline."""
     need = max(settings.min_allreduces_per_epoch, math.ceil(samples_per_worker / rules.MAX_IMAGES_PER_ALLREDUCE))
     per_epoch = rounds / max(epochs, 1)
     tensors = sum(1 for t in weights.values() if t.is_floating_point())
-    measured = {"horovod_timeline_bytes": size, "horovod_gradient_rounds_per_epoch": round(per_epoch, 1)}
+    measured["horovod_gradient_rounds_per_epoch"] = round(per_epoch, 1)
+    after = (f" ({late} more ended after the last epoch's checkpoints, when the run no longer trained, and do not "
+             "count)") if late else ""
     if per_epoch >= need:
         return {"ok": True, "measurements": measured, "message": (
             f"Horovod's timeline shows {rounds} complete rounds of gradient all-reduces (all {tensors} trainable "
             f"tensors), {per_epoch:.0f} per epoch, about {samples_per_worker / max(per_epoch, 1):.0f} images per "
-            "worker between two rounds")}
+            f"worker between two rounds{after}")}
     if rounds == 0:
-        seen = (f"{allreduces} all-reduces of some of the model's {tensors} trainable tensors, never all of them"
-                if allreduces else "no all-reduce of the model's gradients")
+        if late:
+            seen = "no complete round of the model's gradients while the run trained" + after
+        elif allreduces:
+            seen = f"{allreduces} all-reduces of some of the model's {tensors} trainable tensors, never all of them"
+        else:
+            seen = "no all-reduce of the model's gradients"
         return {"ok": False, "measurements": measured, "message": (
             f"the grader found no Horovod gradient all-reduce in the run: Horovod's timeline shows {seen}. "
             "Identical weights at the end of an epoch (a broadcast before saving, one rank training alone) are not "
             f"data parallelism. {convert}")}
     return {"ok": False, "measurements": measured, "message": (
-        f"Horovod's timeline shows {rounds} complete rounds of gradient all-reduces in {epochs} epoch(s), "
+        f"Horovod's timeline shows {rounds} complete rounds of gradient all-reduces in {epochs} epoch(s){after}, "
         f"{per_epoch:.1f} per epoch: too few for {samples_per_worker:.0f} samples per worker per epoch (the grader "
         f"asks for {need}: at most {rules.MAX_IMAGES_PER_ALLREDUCE} images per worker between two all-reduces). "
         "Average the gradients at every step with hvd.DistributedOptimizer, not once in a while")}
@@ -411,11 +542,12 @@ def prepare_data(settings: Settings, private: Path, progress: bool = False) -> t
 
 
 def _images_per_epoch(loaded: dict[tuple[int, int], dict]) -> dict[int, int]:
-    """Samples trained on per epoch, all ranks together, from the loaded checkpoints."""
-    out: dict[int, int] = {}
+    """Samples trained on per epoch, all ranks together, from the loaded checkpoints: the DISTINCT
+    indices the ranks reported (an index listed twice, by one rank or by two, is one image)."""
+    seen: dict[int, set[int]] = {}
     for (_, epoch), c in loaded.items():
-        out[epoch] = out.get(epoch, 0) + len(c["indices"])
-    return out
+        seen.setdefault(epoch, set()).update(c["indices"])
+    return {epoch: len(indices) for epoch, indices in seen.items()}
 
 
 def learning_rate_hints(source: str) -> list[str]:
@@ -593,7 +725,9 @@ def grade(
         raise SandboxUnavailable(f"cannot grade for a certificate: {why_not}")
     problem = check_source(script_path)
     if problem:
-        return _all_fail(name, settings, problem)
+        return _all_fail(name, settings, problem, **(audit.identity(script_path.read_bytes())
+                                                     if script_path.is_file() else {}))
+    raw = script_path.read_bytes()  # graded, hashed and kept: the same bytes
 
     info = devices.detect()
     if settings.profile == "gpu" and info.gpus < settings.workers:
@@ -619,8 +753,9 @@ def grade(
             raise HorovodUnavailable(f"cannot grade: {broken}. No submission was graded.")
         submission = work / "submission"
         submission.mkdir()
-        shutil.copy(script_path, submission / "train.py")  # the script runs from a scratch copy
+        (submission / "train.py").write_bytes(raw)  # the script runs from a scratch copy of what was hashed
         ckpt = submission / "checkpoints"
+        timeline = timeline_file(submission)
 
         repeats = settings.baseline_repeats
         before, after = (repeats + 1) // 2, repeats // 2
@@ -631,7 +766,7 @@ def grade(
                                 max_memory_bytes=settings.max_memory_bytes, args=args, echo=echo, checkpoint_dir=ckpt,
                                 env={"MULTIGPU_ASSESSMENT_DATA": str(train_root), "MULTIGPU_CHECKPOINT_DIR": str(ckpt),
                                      # Horovod's own account of the run: rank 0 records every collective
-                                     "HOROVOD_TIMELINE": str(submission / TIMELINE_FILE), **_mode_env(settings)},
+                                     "HOROVOD_TIMELINE": str(timeline), **_mode_env(settings)},
                                 sandbox=rules_, stop_if=lone_rank0(settings.workers))
         measurements["run_s"] = round(rec.wall_s, 2)
         if rec.stopped_early:  # no complete epoch: no throughput to measure, no more baselines to run
@@ -643,10 +778,12 @@ def grade(
                     "the machine's speed changed; measuring once more")
                 baselines.append(_baseline(settings, work, baseline_root, len(baselines), log, rules_))
         measurements["baselines"] = [round(b, 2) for b in baselines if b]
-        source = script_path.read_text(errors="replace")
+        source = raw.decode("utf-8", errors="replace")
         criteria = judge(rec, _checkpoints(ckpt), settings, train_root, holdout, measurements, log, source,
-                          timeline_path=submission / TIMELINE_FILE)
-    return GradeResult(name, settings, criteria, measurements, sandboxed=rec.sandboxed)
+                          timeline_path=timeline)
+    result = GradeResult(name, settings, criteria, measurements, sandboxed=rec.sandboxed, **audit.identity(raw))
+    result.review = review.record(review.flags(source), result.passed)
+    return result
 
 
 class GradingUnavailable(RuntimeError):
@@ -732,8 +869,10 @@ def judge(
     crit["workers"], complete = _judge_workers(rec, ckpts, settings, failure, uses_horovod, m)
     loaded, nothing = _load_complete(ckpts, complete, n, failure)
     usable = not nothing
-    crit["identical"], not_averaged = _judge_identical(loaded, complete, settings, m, source, timeline_path,
-                                                       nothing)
+    seen = [rec.epoch_times[e] for e in complete if e in rec.epoch_times]
+    clock = RunClock(rec.started_at, rec.wall_s, max(seen)) if rec.started_at and seen else None
+    crit["identical"], not_averaged = _judge_identical(loaded, complete, settings, m, source,
+                                                       (timeline_path, clock), nothing)
     crit["sharded"] = _judge_sharded(loaded, complete, n, train_root, not_averaged, nothing)
     crit["accuracy"] = _judge_accuracy(loaded, complete, settings, holdout, m, log, source, nothing)
     prerequisites = [c for c in ("workers", "identical", "sharded", "accuracy") if not crit[c].passed]
@@ -800,10 +939,10 @@ def _load_complete(ckpts: dict[tuple[int, int], Path], complete: list[int], n: i
 
 
 def _judge_identical(loaded: dict[tuple[int, int], dict], complete: list[int],
-                     settings: Settings, m: dict[str, Any], source: str, timeline_path: Path | None,
-                     nothing: str) -> tuple[Criterion, bool]:
-    """Identical weights, averaged by Horovod (its timeline); also whether the gradients were NOT
-    averaged (then the shards do not count)."""
+                     settings: Settings, m: dict[str, Any], source: str,
+                     evidence: tuple[Path | None, RunClock | None], nothing: str) -> tuple[Criterion, bool]:
+    """Identical weights, averaged by Horovod (its timeline and the run's clock: ``evidence``);
+    also whether the gradients were NOT averaged (then the shards do not count)."""
     n = settings.workers
     not_averaged = False
     if nothing:
@@ -817,8 +956,9 @@ def _judge_identical(loaded: dict[tuple[int, int], dict], complete: list[int],
                     worst = (d, where, r, e)
         m["max_weight_difference"] = worst[0] if math.isfinite(worst[0]) else "shape mismatch"
         weights = weights_only(loaded[(0, complete[0])]["model"])
-        per_worker = sum(len(c["indices"]) for c in loaded.values()) / len(loaded)
-        by_horovod = horovod_averaging(timeline_path, weights, per_worker, len(complete), settings, source)
+        per_worker = sum(len(set(c["indices"])) for c in loaded.values()) / len(loaded)
+        by_horovod = horovod_averaging(evidence[0], weights, per_worker, len(complete), settings, source,
+                                       clock=evidence[1])
         m.update(by_horovod["measurements"])
         if worst[0] > IDENTICAL_TOL:
             verdict = Criterion(
@@ -857,7 +997,15 @@ def _judge_sharded(loaded: dict[tuple[int, int], dict], complete: list[int], n: 
             counts = sum(len(s) for s in sets)
             union = set().union(*sets)
             shared = counts - len(union)
-            if any(i < 0 or i >= train_size for i in union):
+            repeated = [(r, len(loaded[(r, e)]["indices"]) - len(sets[r])) for r in range(n)]
+            repeated = [(r, k) for r, k in repeated if k]
+            if repeated:
+                r, k = repeated[0]
+                problem = (f"epoch {e}: rank {r} listed {k} index(es) more than once: an index is one sample trained "
+                           "on once in the epoch, so list the indices of the batches this rank trained on, each "
+                           "once (trained_on.extend(index.tolist()) per batch)"
+                           + (f"; {len(repeated) - 1} other rank(s) did the same" if len(repeated) > 1 else ""))
+            elif any(i < 0 or i >= train_size for i in union):
                 problem = f"epoch {e}: indices outside the training set (0..{train_size - 1})"
             elif shared > padding:
                 problem = (f"epoch {e}: {shared} samples were trained on by more than one rank: give each rank its "
@@ -955,6 +1103,13 @@ def _judge_throughput(rec: runner.RunRecord, loaded: dict[tuple[int, int], dict]
             return Criterion("throughput", POINTS["throughput"], False,
                              f"{figures}; not counted: the run failed {', '.join(prerequisites)} "
                              "(speed only counts for a run that trains correctly)")
+        elif eff > rules.MAX_TRUSTED_EFFICIENCY:
+            m["untrusted_efficiency"] = True
+            return Criterion("throughput", POINTS["throughput"], False,
+                             f"{figures}: faster than the ideal, which {n} workers cannot beat, beyond the "
+                             f"{rules.MAX_TRUSTED_EFFICIENCY - 1:.0%} a baseline may be off: the grader does not trust "
+                             "this measurement, so it is no pass. Images count once per epoch however many ranks "
+                             "list them; if your script is honest, ask for a grading on a quiet machine")
         elif eff >= settings.efficiency:
             return Criterion("throughput", POINTS["throughput"], True, figures)
         else:

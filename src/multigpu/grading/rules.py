@@ -88,6 +88,12 @@ MIN_ALLREDUCES_PER_EPOCH = 2
 #: bound is generous (16x the reference's batch); the rounds are averaged over the run's complete
 #: epochs, not checked epoch by epoch.
 MAX_IMAGES_PER_ALLREDUCE = 512
+#: Largest efficiency (throughput / ideal) the grader takes as a measurement. The ideal is what N
+#: workers can do at most (N x one worker, or min(N, cores or GPUs) x one worker), so an efficiency
+#: above 1 is a measurement error or a run that counts images it did not train on; the baselines
+#: the ideal comes from may be up to ``baseline_tolerance`` (25%) apart, so the tolerance above 1
+#: is the same 25%. Above it the throughput criterion fails with a message, never passes.
+MAX_TRUSTED_EFFICIENCY = 1.25
 #: Largest Horovod timeline the grader reads (bytes). Horovod writes about 16 kB per step of the
 #: course's AlexNetSmall (26 tensors; measured 2026-11-24: 1,890,470 bytes for the reference's
 #: 120 steps in a quick-profile grading), so its 5 epochs of 79 steps on the cpu profile write

@@ -63,6 +63,9 @@ class RunRecord:
     sandboxed: bool = False
     #: why the watcher's ``stop_if`` rule stopped the run before it ended ("" when it did not)
     stopped_early: str = ""
+    #: the wall clock (seconds since the epoch) when the run was started: ties what the run wrote
+    #: with its own clock (a Horovod timeline) to the grader's (0.0: not recorded)
+    started_at: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -185,6 +188,7 @@ def run_untrusted(
     else:
         popen_env, argv = _python_env(env, token), command
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    started_at = time.time()
     start = time.monotonic()
     proc = launch.start(argv, env=popen_env, cwd=workdir)
     seen: dict[tuple[int, int], float] = {}
@@ -218,7 +222,8 @@ def run_untrusted(
                        output_exceeded=job.output_exceeded, output_bytes=job.output_bytes, tail=job.tail,
                        checkpoint_times=dict(seen), epoch_times=epoch_times,
                        memory_exceeded=watch["memory_exceeded"], peak_memory_bytes=watch["peak"],
-                       sandboxed=sandbox is not None, stopped_early="" if watch["memory_exceeded"] else job.stopped)
+                       sandboxed=sandbox is not None, stopped_early="" if watch["memory_exceeded"] else job.stopped,
+                       started_at=started_at)
     if log is not None:
         how = ("timed out" if record.timed_out else "stopped: too much output" if record.output_exceeded
                else "stopped: too much memory" if record.memory_exceeded

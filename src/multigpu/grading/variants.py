@@ -90,6 +90,11 @@ PIN = "devices.pin_worker(hvd.local_rank(), hvd.local_size())"
 BROADCAST = ("    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
              "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n")
 FORWARD = "loss_fn(model(images), labels)"
+PRINT = ('            print(f"epoch {epoch}/{args.epochs}: loss {loss.item():.3f}, validation accuracy {accuracy:.3f}", '
+         'flush=True)\n')
+MAIN_DEF = "def main(argv: list[str] | None = None) -> None:\n"
+TARGET_LR = "    target_lr = args.lr * workers  # Horovod: the global batch is `workers` times larger\n"
+OPTIMIZER = "    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,\n"
 VAL_COUNTS = ('    counts = hvd.allreduce(torch.tensor([correct, total], dtype=torch.float64), op=hvd.Sum, '
               'name="val_counts")\n')
 
@@ -188,6 +193,49 @@ EDITS: dict[str, dict[str, str]] = {
     },
 }
 
+#: What a forger adds to a torch DDP conversion: rank 0 writes, after training, a timeline in
+#: Horovod's format (one ``allreduce.<parameter>`` process per parameter, negotiation, the library's
+#: phase, the shape on the end event) with one round per step at the times the steps really ended.
+FORGE_TIMELINE = '''def forge_timeline(model, started, step_times):
+    """Write Horovod's timeline as Horovod would have, had it averaged the gradients."""
+    import json
+    events = [{"name": "process_name", "ph": "M", "pid": 0,
+               "args": {"start_time_since_epoch_in_micros": int(started * 1e6)}}]
+    params = list(model.named_parameters())
+    for pid, (name, _) in enumerate(params, 1):
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": "allreduce." + name}})
+    for t in step_times:
+        ts = int((t - started) * 1e6)
+        for pid, (_, p) in enumerate(params, 1):
+            shape = "[" + ", ".join(str(n) for n in p.shape) + "]"
+            events += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": ts - 40, "pid": pid},
+                       {"ph": "E", "ts": ts - 30, "pid": pid},
+                       {"ph": "B", "name": "ALLREDUCE", "ts": ts - 20, "pid": pid},
+                       {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": ts - 10, "pid": pid},
+                       {"ph": "E", "ts": ts - 5, "pid": pid},
+                       {"ph": "E", "ts": ts, "pid": pid, "args": {"dtype": "float32", "shape": shape}}]
+    with open(os.environ["HOROVOD_TIMELINE"], "w") as f:
+        f.write("[\\n" + ",\\n".join(json.dumps(e) for e in events))
+
+
+'''
+EDITS["timeline_forger"] = {
+    **EDITS["ddp_under_horovodrun"],
+    MAIN_DEF: FORGE_TIMELINE + MAIN_DEF + "    started, step_times = __import__('time').time(), []\n",
+    STEP: STEP + "            step_times.append(__import__('time').time())\n",
+    PRINT: PRINT + "    if rank == 0:  # after training: the timeline Horovod never wrote\n"
+                   "        forge_timeline(model, started, step_times)\n",
+}
+EDITS["duplicate_indices"] = {
+    LOADER: "    train_loader = data.make_loader(train_set, args.batch_size, shuffle=True)",
+    RECORD: "            trained_on.extend(i for i in index.tolist() if i % workers == rank for _ in range(workers))",
+}
+EDITS["zero_allreduce"] = {
+    **EDITS["never_averaged"],
+    STEP: STEP + ("            for name, p in model.named_parameters():  # real all-reduces, thrown away\n"
+                  "                hvd.allreduce(torch.zeros_like(p), name=f\"zeros.{name}\")\n"),
+}
+
 #: variant -> the criterion it must fail
 MUST_FAIL: dict[str, str] = {
     "unconverted": "workers",
@@ -201,12 +249,52 @@ MUST_FAIL: dict[str, str] = {
     "rank0_saves_only": "workers",
     "rank0_trains_alone": "identical",
     "ddp_under_horovodrun": "identical",
+    "duplicate_indices": "sharded",
+    # no check inside the run can prove what was all-reduced: these are held for review
+    "timeline_forger": "review",
+    "zero_allreduce": "review",
     "crash": "workers",
     "hang": "workers",
     "huge_output": "workers",
     "syntax_error": "workers",
 }
 
+#: Honest conversions a learner may write: other hyperparameters, other ways to scale the rate,
+#: other ways to write the same conversion. Review never flags them (tests/test_review.py).
+HONEST: dict[str, dict[str, str]] = {
+    "batch_16": {"BATCH = 32": "BATCH = 16"},
+    "batch_48": {"BATCH = 32": "BATCH = 48"},
+    "batch_64": {"BATCH = 32": "BATCH = 64"},
+    "batch_128": {"BATCH = 32": "BATCH = 128"},
+    "lr_half": {"LR = 0.01": "LR = 0.005"},
+    "lr_double": {"LR = 0.01": "LR = 0.02"},
+    "sqrt_scaling": {TARGET_LR: "    target_lr = args.lr * workers ** 0.5  # Horovod: square-root scaling\n"},
+    "sqrt_scaling_math": {TARGET_LR: "    import math\n    target_lr = args.lr * math.sqrt(hvd.size())\n"},
+    "no_warmup": {"WARMUP = 1.0": "WARMUP = 0.0"},
+    "long_warmup": {"WARMUP = 1.0": "WARMUP = 2.0"},
+    "six_epochs": {"EPOCHS = 5": "EPOCHS = 6"},
+    "one_decay_epoch": {"DECAY = 2": "DECAY = 1"},
+    "momentum_low": {'"--momentum", type=float, default=0.9': '"--momentum", type=float, default=0.8'},
+    "fp16_compression": {DISTRIBUTE: ("    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),\n"
+                                      "                                         compression=hvd.Compression.fp16)\n")},
+    "average_op": {DISTRIBUTE: ("    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),\n"
+                                "                                         op=hvd.Average)\n")},
+    "adam": {OPTIMIZER: "    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr / 10,\n"},
+    "averaged_loss": {EVALUATE: (EVALUATE + '\n        mean_loss = hvd.allreduce(loss.detach(), name="train_loss")  '
+                                 '# Horovod: the mean of the ranks'),
+                      "loss {loss.item():.3f}": "loss {mean_loss.item():.3f}"},
+    "timed_epochs": {"import os\n": "import os\nimport time\n",
+                     SET_EPOCH: SET_EPOCH + "        started = time.perf_counter()\n",
+                     PRINT: PRINT + "            print(f\"took {time.perf_counter() - started:.1f} s\")\n"},
+    "metric_helper": {
+        MAIN_DEF: ("def metric_average(value: float, name: str) -> float:\n"
+                   "    return float(hvd.allreduce(torch.tensor(value), name=name))  # Horovod: averaged over ranks\n\n\n"
+                   + MAIN_DEF),
+        EVALUATE: EVALUATE + "\n        mean_loss = metric_average(loss.item(), 'train_loss')",
+        "loss {loss.item():.3f}": "loss {mean_loss:.3f}"},
+    "rank_zero_sampler_seed": {SAMPLER: ("    sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True,\n"
+                                         "                                 seed=42)\n")},
+}
 #: Failures the grader must handle (a crash, a hang, a flood of output, a script that does not
 #: compile), not cheats: the tests grade them, ``multigpu calibrate`` does not.
 FAILURE_CASES: tuple[str, ...] = ("crash", "hang", "huge_output", "syntax_error")
@@ -220,10 +308,10 @@ def write(name: str, reference: Path, dest: Path) -> Path:
     A variant in :data:`SOURCES` is a copy of its own file (``reference`` is not read); the
     others are ``reference`` with the edits of :data:`EDITS`. The result need not compile
     (``syntax_error`` does not)."""
-    if name not in SOURCES and name not in EDITS:
-        raise KeyError(f"no variant {name!r}: the variants are {', '.join(MUST_FAIL)}")
+    if name not in SOURCES and name not in EDITS and name not in HONEST:
+        raise KeyError(f"no variant {name!r}: the variants are {', '.join([*MUST_FAIL, *HONEST])}")
     source = Path(SOURCES.get(name, reference)).read_text()
-    for old, new in EDITS.get(name, {}).items():
+    for old, new in {**EDITS.get(name, {}), **HONEST.get(name, {})}.items():
         if source.count(old) != 1:
             found = "no longer contains" if old not in source else "contains more than once"
             raise ValueError(f"variant {name}: the reference {found} {old.strip()!r}: update the edit")
@@ -232,6 +320,7 @@ def write(name: str, reference: Path, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     if source.startswith('"""'):  # say so in the docstring (a second one would break `from __future__`)
         of = f": {SOURCES[name].name} unmodified. " if name in SOURCES else " of the "
-        source = f'"""BROKEN VARIANT {name} (multigpu.grading.variants){of}' + source[3:]
+        kind = "HONEST VARIANT" if name in HONEST else "BROKEN VARIANT"
+        source = f'"""{kind} {name} (multigpu.grading.variants){of}' + source[3:]
     dest.write_text(source)
     return dest

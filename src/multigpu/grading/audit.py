@@ -1,0 +1,148 @@
+"""The audit trail of a grading: what was graded, by which grader, and whether the verdict holds.
+
+An official result (:mod:`multigpu.grading.official`) keeps the exact bytes it graded (a copy
+next to the result, named by ``source_file``), their SHA-256 (``source_sha256``), the grader's
+version (``grader_version``: the package's version and the course's git commit when it is a
+checkout), the profile's settings and every measurement. :func:`regrade` grades the kept copy
+again under the same settings and says whether the verdict holds::
+
+    multigpu regrade grading/results/alice.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from multigpu.grading.grader import GradeResult
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def sha256(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def git_commit(root: Path) -> str | None:
+    """The commit checked out in ``root`` (read from ``.git`` without running git), None when
+    ``root`` is no git checkout or the commit cannot be told."""
+    git = root / ".git"
+    try:
+        if git.is_file():  # a worktree or submodule: "gitdir: <path>"
+            text = git.read_text().strip()
+            git = (root / text.partition("gitdir:")[2].strip()).resolve()
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head if _COMMIT.match(head) else None
+        ref = head[5:].strip()
+        common = git / "commondir"
+        bases = [git] + ([(git / common.read_text().strip()).resolve()] if common.is_file() else [])
+        for base in bases:
+            if (base / ref).is_file():
+                commit = (base / ref).read_text().strip()
+                return commit if _COMMIT.match(commit) else None
+            packed = base / "packed-refs"
+            if packed.is_file():
+                for line in packed.read_text().splitlines():
+                    commit, _, name = line.partition(" ")
+                    if name == ref and _COMMIT.match(commit):
+                        return commit
+    except OSError:
+        return None
+    return None
+
+
+def grader_version() -> str:
+    """``<package version>`` and, where the course is a git checkout, ``+g<commit>`` (12 digits)."""
+    import multigpu
+    from multigpu.course import layout
+
+    commit = git_commit(layout.IMPORT_ROOT.parent)
+    return multigpu.__version__ + (f"+g{commit[:12]}" if commit else "")
+
+
+def identity(raw: bytes) -> dict[str, str]:
+    """What a result records about what graded what: ``source_sha256`` and ``grader_version``."""
+    return {"source_sha256": sha256(raw), "grader_version": grader_version()}
+
+
+def keep_source(script: Path, result_file: Path, expected_sha256: str) -> str:
+    """Copy the graded ``script`` next to ``result_file`` (``<result stem>.train.py``) and return
+    the copy's name; ValueError when its bytes are not the ones graded (``expected_sha256``)."""
+    raw = Path(script).read_bytes()
+    if sha256(raw) != expected_sha256:
+        raise ValueError(f"{script} changed after it was graded (its SHA-256 is not the graded one)")
+    copy = result_file.with_name(f"{result_file.stem}.train.py")
+    copy.write_bytes(raw)
+    return copy.name
+
+
+@dataclass
+class Regrade:
+    """A stored result graded again: ``holds`` when the verdict is the same."""
+
+    stored: dict[str, Any]
+    result: GradeResult
+    differences: list[str] = field(default_factory=list)
+
+    @property
+    def holds(self) -> bool:
+        return not self.differences
+
+    def report(self) -> str:
+        old, new = self.stored.get("grader_version") or "unknown", self.result.grader_version
+        m, n = self.stored.get("measurements") or {}, self.result.measurements
+        figures = ", ".join(f"{k} {m.get(k)} -> {n.get(k)}" for k in ("accuracy_held", "efficiency", "throughput"))
+        lines = [f"regrade of {self.stored.get('script')} (source {self.result.source_sha256[:16]}..., "
+                 f"grader {old} then {new}): " + ("the verdict HOLDS" if self.holds else "the verdict DOES NOT HOLD"),
+                 f"  measured: {figures}"]
+        return "\n".join(lines + [f"  differs: {d}" for d in self.differences])
+
+
+def verdict(result: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a result that make its verdict: passed, each criterion's pass, the hold."""
+    return {"passed": bool(result.get("passed")),
+            "criteria": {n: bool(c.get("passed")) for n, c in (result.get("criteria") or {}).items()},
+            "held": bool((result.get("review") or {}).get("held"))}
+
+
+def stored_source(result_file: Path, stored: dict[str, Any]) -> Path:
+    """The kept copy of the graded source of the result in ``result_file``, checked against its hash."""
+    name = stored.get("source_file")
+    if not name or Path(name).name != name:
+        raise ValueError(f"{result_file} keeps no copy of the graded source (no source_file): it cannot be regraded")
+    copy = result_file.parent / name
+    if not copy.is_file():
+        raise ValueError(f"the graded source {copy} is missing")
+    if sha256(copy.read_bytes()) != stored.get("source_sha256"):
+        raise ValueError(f"{copy} is not the graded source: its SHA-256 differs from the result's source_sha256")
+    return copy
+
+
+def regrade(result_file: str | os.PathLike, *, log: Callable[[str], None] | None = None,
+            hidden: tuple[Path, ...] = ()) -> Regrade:
+    """Grade the source kept with ``result_file`` again, under the settings stored there (in the
+    sandbox when the stored grading was sandboxed) and compare the verdicts."""
+    from multigpu.grading import grader, rules
+
+    result_file = Path(result_file).resolve()
+    stored = json.loads(result_file.read_text())
+    copy = stored_source(result_file, stored)
+    settings = rules.Settings(**stored["settings"])
+    result = grader.grade(copy, settings, sandbox="required" if stored.get("sandboxed") else "auto",
+                          hidden=(result_file.parent, *hidden), log=log)
+    result.script = stored.get("script", result.script)
+    before, after = verdict(stored), verdict(result.to_dict())
+    differences = [f"{key}: {before[key]} then {after[key]}" for key in ("passed", "held") if before[key] != after[key]]
+    differences += [f"criterion {n}: {'pass' if before['criteria'].get(n) else 'fail'} then "
+                    f"{'pass' if after['criteria'].get(n) else 'fail'}"
+                    for n in sorted(set(before["criteria"]) | set(after["criteria"]))
+                    if before["criteria"].get(n) != after["criteria"].get(n)]
+    return Regrade(stored, result, differences)
