@@ -56,6 +56,18 @@ def test_broken_records_fail_with_advice(breakage, check, advice):
     assert advice in str(failed.value)[:90], str(failed.value)
 
 
+def test_report_names_every_check_and_the_failing_step(tmp_path):
+    (tmp_path / "checkpoint.pt").write_bytes(b"x")
+    good = record_checks.report(good_records(), tmp_path, 2, cores=2)
+    assert len(good) == 7 and all(line.startswith("ok   step") for line in good), good
+    broken = copy.deepcopy(good_records())
+    broken[1].update(final_checksum=9.0)
+    lines = record_checks.report(broken, tmp_path, 2, cores=2)
+    failed = [line for line in lines if line.startswith("FAIL")]
+    assert len(failed) == 1 and failed[0].startswith("FAIL steps 5 and 6") and "DistributedOptimizer" in failed[0]
+    assert record_checks.report(None, tmp_path, 2)[0].startswith("FAIL the script did not finish")
+
+
 def test_a_run_that_failed_is_named_not_a_type_error():
     with pytest.raises(AssertionError, match="^fix the error shown under the cell that ran your script first"):
         record_checks.check_world(None, 2)

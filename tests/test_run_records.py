@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -26,3 +27,15 @@ def test_scaling_rows_efficiency_against_min_workers_cores():
     assert math.isclose(rows[1]["cpu_s_per_image"], 1.0 / 640)
     table = run_records.format_rows(list(rows.values()))
     assert "75%" in table and "3.0 s" in table
+
+
+def test_each_rank_reads_its_own_record(tmp_path):
+    clock = run_records.RunClock()
+    run_records.write_record(tmp_path, 0, {"size": 2}, clock)
+    with pytest.raises(FileNotFoundError, match="every rank writes its own record"):
+        run_records.read_records(tmp_path, 2)  # a rank-0-only habit leaves rank 1 without one
+    run_records.record_path(tmp_path, 1).write_text(json.dumps(run_records.make_record(0, {"size": 2}, clock)))
+    with pytest.raises(ValueError, match="not rank 1"):
+        run_records.read_records(tmp_path, 2)  # rank 0's facts under rank 1's name
+    run_records.write_record(tmp_path, 1, {"size": 2}, clock)
+    assert [r["rank"] for r in run_records.read_records(tmp_path, 2)] == [0, 1]

@@ -57,6 +57,7 @@ STEPS: tuple[str, ...] = (
     "broadcast_state",
     "average_metric",
     "save_checkpoint",
+    "save_record",
 )
 REFERENCE_MODULE = "multigpu.scripts.train_horovod"
 DDP_MODULE = "multigpu.scripts.train_ddp"

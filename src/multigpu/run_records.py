@@ -27,11 +27,21 @@ class RunClock:
         return {"cpu_s": time.process_time() - self.cpu0, "wall_s": time.perf_counter() - self.wall0}
 
 
+def make_record(rank: int, facts: dict[str, Any], clock: RunClock) -> dict[str, Any]:
+    """This rank's run record: its facts, its CPU and wall time, when and by which process."""
+    return {"rank": rank, **facts, **clock.as_dict(), "time": time.time(), "pid": os.getpid()}
+
+
+def record_path(out: str | Path, rank: int) -> Path:
+    """Where rank ``rank`` writes its record: ``out/rank<R>.json`` (one file per rank, none shared)."""
+    return Path(out) / f"rank{rank}.json"
+
+
 def write_record(out: Path, rank: int, facts: dict[str, Any], clock: RunClock) -> Path:
-    """Write this rank's run record ``out/rank<R>.json`` (read by :func:`read_records`)."""
-    record = {"rank": rank, **facts, **clock.as_dict(), "time": time.time(), "pid": os.getpid()}
-    path = Path(out) / f"rank{rank}.json"
-    path.write_text(json.dumps(record))
+    """Write this rank's run record ``out/rank<R>.json`` (read by :func:`read_records`). The Horovod
+    script has its learner write it instead (step 9, ``save_record``)."""
+    path = record_path(out, rank)
+    path.write_text(json.dumps(make_record(rank, facts, clock)))
     return path
 
 
@@ -39,13 +49,17 @@ def read_records(out: str | Path, size: int) -> list[dict[str, Any]]:
     """The ``rank<R>.json`` records a ``--record`` run left in ``out``, in rank order."""
     records = []
     for rank in range(size):
-        path = Path(out) / f"rank{rank}.json"
+        path = record_path(out, rank)
         if not path.exists():
             raise FileNotFoundError(
-                f"rank {rank} left no record {path}: did the script run with --record and --out {out}, "
-                f"and with {size} workers?"
+                f"rank {rank} left no record {path}: every rank writes its own record (save_record, step 9, "
+                f"not on rank 0 only); did the script run with --record and --out {out}, and with {size} workers?"
             )
-        records.append(json.loads(path.read_text()))
+        record = json.loads(path.read_text())
+        if record.get("rank") != rank:
+            raise ValueError(f"{path} holds the record of rank {record.get('rank')}, not rank {rank}: name each "
+                             "rank's file by its own hvd.rank()")
+        records.append(record)
     return records
 
 
