@@ -78,3 +78,19 @@ def test_the_cheapest_option_that_meets_the_deadline():
     generous = costs.cheapest_within(choices, deadline_hours=100.0)
     assert generous.gpus == 1 and generous.label.startswith("spot")
     assert "GPUs" in str(best) and "$" in str(best)
+
+
+def test_the_v100_spot_range_runs_from_the_k80s_discount_to_on_demand_where_spot_never_pays():
+    low, high = costs.V100_SPOT_RANGE_2017
+    on_demand = costs.PRICES_2017["V100, on demand (1-GPU server, $3/h)"]
+    assert math.isclose(low, on_demand / 3) and high == on_demand
+    def efficiency(n):
+        return 0.9 ** math.log2(n)
+    for deadline in (200, 30, 8):
+        at_high = costs.options(100, efficiency, on_demand=on_demand, spot=high, interruptions_per_hour=0.5,
+                                checkpoint_every=0.1)
+        best = costs.cheapest_within(at_high, deadline)
+        assert best is not None and best.label == "on demand", (deadline, best)
+        at_low = costs.options(100, efficiency, on_demand=on_demand, spot=low, interruptions_per_hour=0.5,
+                               checkpoint_every=0.1)
+        assert costs.cheapest_within(at_low, deadline).label == "spot, from the last checkpoint", deadline

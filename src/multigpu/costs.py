@@ -13,9 +13,13 @@ is a reset of a few seconds instead of a job's start (it also goes on with fewer
 which this model leaves out).
 
 The default prices are the 2017 figures of the course's sources (the BEEVA blog post on
-multi-GPU training on AWS): a K80 for about $0.3 an hour on spot, an AWS p3 server from about $3
-an hour on demand (1 V100) to about $24 (8 V100s). They are dated on purpose: pass today's prices
-as parameters.
+multi-GPU training on AWS): a K80 for about $0.3 an hour on spot, a third of its $0.9 on demand,
+and an AWS p3 server from about $3 an hour on demand (1 V100) to about $24 (8 V100s). The sources
+quote no steady spot price for the V100s: p3 spot prices were highly volatile, at times above
+on-demand, and requests failed for lack of capacity. :data:`V100_SPOT_RANGE_2017` therefore is a
+range, from the K80's discount (one-third of on-demand) to on-demand itself (above it spot never
+pays), and a plan on spot should be priced at both ends; a capacity error (no spot instance at any
+price) is outside this model. The prices are dated on purpose: pass today's as parameters.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ PRICES_2017 = {
     "V100, on demand (1-GPU server, $3/h)": 3.0,
     "V100, on demand (8-GPU server, $24/h)": 24.0 / 8,
 }
+
+#: Price per GPU-hour of a V100 on spot in 2017, as a range (low, high): the K80's spot discount
+#: (spot at a third of on-demand) applied to a V100's $3 on demand, up to on-demand itself.
+V100_SPOT_RANGE_2017 = (PRICES_2017["V100, on demand (1-GPU server, $3/h)"] * 0.30 / 0.90,
+                        PRICES_2017["V100, on demand (1-GPU server, $3/h)"])
 
 
 def hours_to_train(one_gpu_hours: float, n: int, efficiency: float) -> float:

@@ -140,7 +140,8 @@ ALGORITHMS = ("ring", "ps", "sharded-ps")
 #: Published weak-scaling efficiencies whose shape the presets' curves show (workers -> efficiency).
 PUBLISHED = {"ResNet-152": {8: 0.95, 256: 0.90}, "AlexNet": {8: 0.78, 256: 0.53}, "GRU-5x3000": {40: 31 / 40}}
 #: Where the AlexNet and ResNet-152 points come from: not the presets' hardware nor the ring.
-PUBLISHED_SOURCE = "MXNet, sharded parameter server (KVStore), K80 GPUs on AWS p2.16xlarge, <= 25 Gb/s"
+PUBLISHED_SOURCE = ("MXNet, sharded parameter server (KVStore), K80 GPUs on AWS p2.16xlarge, "
+                    "20 Gb/s in a placement group (AWS, 2017)")
 #: Each model's published points, as the plot's legend names them.
 PUBLISHED_BY = {
     "ResNet-152": "MXNet sharded PS on K80s", "AlexNet": "MXNet sharded PS on K80s",
@@ -268,16 +269,18 @@ class Benchmark:
 
 #: Horovod's benchmark (the Horovod README, 2017: 32 servers; its docs/benchmarks page, 2018: 128
 #: servers): TensorFlow's tf_cnn_benchmarks, batch 64 per GPU, 4 Pascal GPUs per server, RoCE 25
-#: Gb/s, NCCL 2's ring. One P100's images/s: TensorFlow's benchmark page (DGX-1, May 2017);
+#: Gb/s, NCCL 2's ring. One P100's images/s: TensorFlow's benchmark page (DGX-1, May 2017; the revision below);
 #: ResNet-101 is not in that table: ResNet-152's 91.8 scaled by multiply-adds (11.5 G / 7.8 G).
 _ROCE = Link("25 Gb/s RoCE", 5e-6, 25e9 / 8)
 _HOROVOD = "Horovod README / docs (Uber), TF + Horovod, ring all-reduce (NCCL 2)"
-#: TensorFlow's benchmark page (May 2017), "Amazon EC2 Distributed (K80)": p2.8xlarge instances,
+#: TensorFlow's benchmark page, "Amazon EC2 Distributed (K80)" (test date May 2017), as
+#: tensorflow/docs_src/performance/benchmarks.md of the tensorflow/tensorflow repository holds it at
+#: commit 5984ffefd320c5d71b801ee06079a51b91ea42c0 (the same rows at 6535ed7c270f): p2.8xlarge instances,
 #: 8 K80 GPUs each, 10 Gb/s (AWS's instance table), distributed_replicated (the GPUs of an
 #: instance sum their gradients, then parameter servers, one per instance but 6 of 8 for
 #: InceptionV3 and 4 of 8 for ResNet-152); the one-instance efficiency from its 8-GPU row.
 _P2 = Link("10 Gb/s Ethernet (p2.8xlarge)", 50e-6, 10e9 / 8)
-_TF = "TensorFlow benchmarks (Google), TF parameter servers"
+_TF = "TensorFlow benchmarks (Google; tensorflow/tensorflow@5984ffe), TF parameter servers"
 
 
 def _tf_k80(model: str, params: float, batch: int, one: float, eight: float, rows: dict[int, tuple[float, int]]) -> list[Benchmark]:
