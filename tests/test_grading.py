@@ -493,3 +493,101 @@ def test_a_run_where_only_rank_0_ever_saves_is_stopped_after_a_grace():
     assert grader.lone_rank0(1)(alone, 600.0) == ""  # a one-worker grading has only rank 0
     rec = runner.RunRecord(command=["x"], returncode=-9, wall_s=60.0, stopped_early=rule(alone, 60.0))
     assert not rec.ok and grader.run_failure(rec, BROKEN_SETTINGS).startswith("stopped early")
+
+
+# ----------------------------------------------------------------------------- evidence a submission can forge (issue 31)
+
+
+def _fake_run(tmp_path: Path, indices: dict[int, list[int]], epochs=(1, 2)) -> dict[tuple[int, int], Path]:
+    """Checkpoints of identical weights where rank r reports ``indices[r]`` every epoch."""
+    ckpts = {}
+    for epoch in epochs:
+        for rank, idx in indices.items():
+            ckpts[(rank, epoch)] = tmp_path / f"rank-{rank}-epoch-{epoch}.pt"
+            torch.save({"model": {"w": torch.ones(3)}, "indices": idx}, ckpts[(rank, epoch)])
+    return ckpts
+
+
+def _quick_train_root():
+    from multigpu import data
+
+    root = data.ensure_dataset(train_per_class=QUICK.train_per_class, val_per_class=QUICK.val_per_class, progress=False)
+    return root, len(data.JPEGFolder(root, None, split="train"))
+
+
+def test_an_index_listed_twice_fails_sharded_and_counts_as_one_image(tmp_path):
+    """Issue 31 (b): every rank reports a disjoint shard with each index listed `workers` times."""
+    root, size = _quick_train_root()
+    ckpts = _fake_run(tmp_path, {r: [i for i in range(r, size, 2) for _ in range(2)] for r in (0, 1)})
+    rec = runner.RunRecord(command=[], returncode=0, wall_s=10, epoch_times={1: 4.0, 2: 8.0})
+    timeline = _write_timeline(tmp_path / TIMELINE, {"w": [3]}, rounds=40)
+    m = {"baselines": [size / 4.0, size / 4.0], "ideal_factor": 2}
+    crit = grader.judge(rec, ckpts, BROKEN_SETTINGS, root, root, m, print, "import horovod", timeline_path=timeline)
+    assert crit["identical"].passed, crit["identical"].message
+    c = crit["sharded"]
+    assert not c.passed and "rank 0 listed" in c.message and "more than once" in c.message, c.message
+    # the images of an epoch are the distinct indices: 'size' a 4-s epoch, not twice that
+    assert m["throughput"] == pytest.approx(size / 4.0)
+    loaded = {k: grader.load_checkpoint(p) for k, p in ckpts.items()}
+    assert grader._images_per_epoch(loaded) == {1: size, 2: size}
+
+
+def test_an_efficiency_above_the_ideal_is_never_a_pass(tmp_path):
+    root, size = _quick_train_root()
+    ckpts = _fake_run(tmp_path, {r: list(range(r, size, 2)) for r in (0, 1)})
+    loaded = {k: grader.load_checkpoint(p) for k, p in ckpts.items()}
+    rec = runner.RunRecord(command=[], returncode=0, wall_s=10, epoch_times={1: 4.0, 2: 8.0})
+    crit = {}
+    for ratio in (1.0, 1.2, 1.3, 3.0):  # throughput / ideal; the ideal is 2 x the baseline
+        m = {"baselines": [size / 4.0 / 2 / ratio] * 2, "ideal_factor": 2}
+        crit[ratio] = grader._judge_throughput(rec, loaded, BROKEN_SETTINGS, m, prerequisites=[])
+        assert m["efficiency"] == pytest.approx(ratio, rel=1e-3)
+    assert crit[1.0].passed and crit[1.2].passed, crit[1.2].message  # within the stated tolerance
+    for ratio in (1.3, 3.0):
+        assert not crit[ratio].passed and "does not trust" in crit[ratio].message, crit[ratio].message
+    assert rules.MAX_TRUSTED_EFFICIENCY == 1 + QUICK.baseline_tolerance
+
+
+def _clock(real_timeline: Path, shift_s: float, trained_until: float | None = None) -> grader.RunClock:
+    """A run clock that puts the real timeline's start ``shift_s`` after the run's start."""
+    from multigpu import timeline
+
+    start = grader.timeline_start(timeline.load(real_timeline, max_bytes=rules.MAX_TIMELINE_BYTES))
+    return grader.RunClock(started_at=start - shift_s, wall_s=60.0,
+                           trained_until=trained_until if trained_until is not None else 50.0)
+
+
+def test_a_timeline_counts_only_where_it_fits_the_runs_clock(real_timeline, tmp_path):
+    """Issue 31 (a): a timeline written by the submission after training, or with a made-up clock,
+    is not Horovod's account of the run."""
+    def verdict(clock, path=real_timeline):
+        return grader.horovod_averaging(path, NAMED, samples_per_worker=20, epochs=1, settings=QUICK, clock=clock)
+
+    fits = verdict(_clock(real_timeline, shift_s=3.0))
+    assert fits["ok"] and "5 complete rounds" in fits["message"], fits
+    # the timeline started before the run, or after it ended: made up, or not this run's
+    for shift in (-10.0, 70.0):
+        v = verdict(_clock(real_timeline, shift_s=shift))
+        assert not v["ok"] and "does not fit the run" in v["message"], v
+    # every round ended after the last epoch's checkpoints: written when training was over
+    late = verdict(_clock(real_timeline, shift_s=3.0, trained_until=0.5))
+    assert not late["ok"] and "after the last epoch's checkpoints" in late["message"], late
+    # no start time: not Horovod's format
+    text = real_timeline.read_text().replace("start_time_since_epoch_in_micros", "started")
+    (tmp_path / TIMELINE).write_text(text)
+    v = verdict(_clock(real_timeline, shift_s=3.0), tmp_path / TIMELINE)
+    assert not v["ok"] and "lacks the start time" in v["message"], v
+    assert TIMELINE not in v["message"]  # the grader's file name is its own
+
+
+def test_an_allreduce_counts_only_in_horovods_format(tmp_path):
+    """A bare begin/end pair with the right shape is no all-reduce: Horovod's ALLREDUCE phase holds
+    the library's own phase (MPI_, GLOO_, NCCL_ALLREDUCE)."""
+    weights = {"w": torch.zeros(3)}
+    path = _write_timeline(tmp_path / TIMELINE, {"w": [3]}, rounds=4)
+    events = json.loads(path.read_text().rstrip(",") + "]")
+    assert grader.gradient_allreduce_rounds(events, weights) == (4, 4)
+    bare = [e for e in events if e.get("name") not in ("NEGOTIATE_ALLREDUCE", "GLOO_ALLREDUCE", "0")]
+    bare = [e for i, e in enumerate(bare) if not (e.get("ph") == "E" and "args" not in e)]
+    assert grader.gradient_allreduce_rounds(bare, weights) == (0, 0)
+    assert grader.timeline_file(tmp_path) != grader.timeline_file(tmp_path)  # a name no script can know

@@ -101,6 +101,8 @@ class GradeResult:
     grader_version: str = ""
     #: what a person must look at before a pass is certified: :func:`review.record`
     review: dict[str, Any] = field(default_factory=lambda: review.record([], False))
+    #: the kept copy of the graded source, next to the saved result (official results: :func:`audit.keep_source`)
+    source_file: str = ""
 
     @property
     def score(self) -> int:
@@ -159,6 +161,7 @@ class GradeResult:
             "source_sha256": self.source_sha256,
             "grader_version": self.grader_version,
             "review": self.review,
+            "source_file": self.source_file,
         }
 
 

@@ -8,10 +8,16 @@ learner could add cells to, and:
 
 1. writes the result to ``grading/results/<student>.json``: a folder no sandboxed run can see
    or write (the sandbox hides every ``grading/`` folder), the one file ``make certificates``
-   reads;
+   reads. It is the audit trail (:mod:`multigpu.grading.audit`): the exact graded source is kept
+   beside it (``<student>.train.py``, its SHA-256 in ``source_sha256``), with the grader's
+   version, the profile and every measurement; ``multigpu regrade`` grades the copy again;
 2. sets the assessment's graded cells in the gradebook (nbgrader's manual score, which wins over
    the auto score) to the points of the matching criterion, so the gradebook's assessment score
    is this result whatever the learner's notebook printed or did in its kernel.
+
+A pass whose source raises review flags (:mod:`multigpu.grading.review`) is HELD: its result says
+``review.held`` and :func:`load_result` reports it as not passed until a person approves it with
+``multigpu review`` (:func:`decide`, recorded in the result and in ``results/review-log.jsonl``).
 
 The assessment notebook's own grading cell is the learner's check, not the grade: under
 ``make autograde`` it does not run the grader (``MULTIGPU_OFFICIAL_GRADING=1``), since its
@@ -20,13 +26,16 @@ verdict is replaced here anyway.
 
 from __future__ import annotations
 
+import datetime as _dt
+import getpass
 import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from multigpu.grading import grader, rules
+from multigpu.grading import audit, grader, review, rules
 
 ASSIGNMENT = "assessments"
 NOTEBOOK = "assessment"
@@ -97,15 +106,73 @@ def grade_submissions(
         result.script = f"{student}/{ASSIGNMENT}/train.py"
         path = result_path(grading, student)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if result.source_sha256:
+            result.source_file = audit.keep_source(script, path, result.source_sha256)
         grader.save_result(result, path)
         note = record_in_gradebook(db_url, student, result) if (grading / "gradebook.db").exists() else "no gradebook"
-        log(f"    {student}: {result.score}/{result.max_score} {'PASSED' if result.passed else 'not passed'}; {note}")
+        verdict = ("PASSED, HELD FOR REVIEW (multigpu review)" if result.held
+                   else "PASSED" if result.passed else "not passed")
+        log(f"    {student}: {result.score}/{result.max_score} {verdict}; {note}")
         out.append(Graded(student, result, path, note))
     return out
 
 
 def load_result(grading: str | os.PathLike, student: str) -> dict | None:
+    """The official result of ``student`` (None when there is none). A pass held for review and
+    not approved reads as not passed (``passed`` False, ``withheld`` says why): whoever certifies
+    from it sees no pass until a person approved it."""
     try:
-        return json.loads(result_path(Path(grading), student).read_text())
+        result = json.loads(result_path(Path(grading), student).read_text())
     except (OSError, ValueError):
         return None
+    why = withheld(result)
+    return {**result, "passed": False, "withheld": why} if why else result
+
+
+def withheld(result: dict[str, Any]) -> str:
+    """Why a passing result may not be certified yet ("" when nothing holds it back)."""
+    rv = result.get("review") or {}
+    if not result.get("passed") or review.released(rv):
+        return ""
+    decision = rv.get("decision") or {}
+    if decision:
+        return f"rejected on review by {decision.get('by')}: {decision.get('reason')}"
+    return f"held for review ({review.summary(rv.get('flags') or [])}): run multigpu review"
+
+
+def held(grading: str | os.PathLike) -> list[tuple[str, dict[str, Any]]]:
+    """``(student, result)`` of every official result held for review, decided or not."""
+    folder = Path(grading) / "results"
+    out = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if (result.get("review") or {}).get("held"):
+            out.append((path.stem, result))
+    return out
+
+
+def decide(grading: str | os.PathLike, student: str, *, approve: bool, reason: str, by: str | None = None) -> dict:
+    """Record a person's decision on a held pass: in the result (``review.decision``) and, one line
+    each, in ``results/review-log.jsonl``. Returns the decision."""
+    if not reason.strip():
+        raise ValueError("a review decision needs a reason")
+    path = result_path(Path(grading), student)
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise ValueError(f"no official result for {student} ({path})") from None
+    if not (result.get("review") or {}).get("held"):
+        raise ValueError(f"{student}'s result is not held for review")
+    decision = {"approved": approve, "reason": reason.strip(), "by": by or getpass.getuser(),
+                "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "source_sha256": result.get("source_sha256")}
+    result["review"]["decision"] = decision
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    with open(path.parent / "review-log.jsonl", "a") as log:
+        log.write(json.dumps({"student": student, **decision}, sort_keys=True) + "\n")
+    return decision
