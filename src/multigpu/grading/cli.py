@@ -6,6 +6,8 @@
     multigpu certify                    certificates for who passed (after make autograde)
     multigpu verify CERT --public-key course-key.pub
     multigpu calibrate                  pass counts of the reference and the broken variants
+    multigpu regrade RESULT             grade an official result's kept source again: does the verdict hold?
+    multigpu review [STUDENT] [--approve|--reject REASON]   the passes held for review
 """
 
 from __future__ import annotations
@@ -105,12 +107,13 @@ def _grade_all(jobs: list[tuple[str, Path]], settings: Settings, args: argparse.
         start = time.monotonic()
         r = grader.grade(path, settings, sandbox="required")
         m = r.measurements
-        rows.setdefault(name, []).append({"passed": r.passed, "score": r.score, "efficiency": m.get("efficiency"),
+        rows.setdefault(name, []).append({"passed": r.passed and not r.held, "held": r.held, "score": r.score, "efficiency": m.get("efficiency"),
                                           "failed": [c for c in r.criteria if not r.ok(c)],
                                           "allreduces_per_epoch": m.get("horovod_gradient_rounds_per_epoch"),
                                           "accuracy_held": m.get("accuracy_held"), "seconds": time.monotonic() - start})
         failed = [c for c in r.criteria if not r.ok(c)]
-        print(f"[{i}/{len(jobs)}] {name}: {r.score}/{r.max_score} {'PASS' if r.passed else 'fail'} "
+        print(f"[{i}/{len(jobs)}] {name}: {r.score}/{r.max_score} "
+              f"{'HELD for review' if r.held else 'PASS' if r.passed else 'fail'} "
               f"(accuracy held {m.get('accuracy_held')}, efficiency {m.get('efficiency')}; failed: "
               f"{', '.join(failed) or '-'}; {time.monotonic() - start:.0f} s)", flush=True)
     return rows
@@ -159,6 +162,52 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_regrade(args: argparse.Namespace) -> int:
+    from multigpu.grading import audit, grader
+
+    try:
+        done = audit.regrade(args.result, log=lambda m: print(m, flush=True))
+    except grader.GradingUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, KeyError, TypeError) as e:  # no result, no kept source, a changed copy
+        print(f"error: cannot regrade {args.result}: {e}", file=sys.stderr)
+        return 2
+    print(done.report())
+    return 0 if done.holds else 1
+
+
+def cmd_review(args: argparse.Namespace) -> int:
+    from multigpu.grading import official, review
+
+    if args.approve is not None or args.reject is not None:
+        if not args.student:
+            print("error: name the student whose pass you decide on", file=sys.stderr)
+            return 2
+        try:
+            d = official.decide(args.grading, args.student, approve=args.reject is None,
+                                reason=args.approve if args.reject is None else args.reject)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(f"{args.student}: {'APPROVED' if d['approved'] else 'REJECTED'} by {d['by']} at {d['at']}: {d['reason']}")
+        return 0
+    items = [(s, r) for s, r in official.held(args.grading) if not args.student or s == args.student]
+    if not items:
+        print("no pass is held for review" + (f" for {args.student}" if args.student else ""))
+        return 0
+    for student, result in items:
+        d = result["review"].get("decision")
+        state = f"{'approved' if d['approved'] else 'rejected'} by {d['by']}: {d['reason']}" if d else "AWAITS A DECISION"
+        print(f"{student:20s} {state}; flagged {review.summary(result['review']['flags'])}")
+        if args.student:
+            print(f"  source {result.get('source_file')} (SHA-256 {result.get('source_sha256')})")
+            print(review.show(result["review"]["flags"]))
+    if not args.student:
+        print("multigpu review STUDENT shows the flagged lines; --approve REASON or --reject REASON decides")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from multigpu.grading.certificates import default_key_path
 
@@ -200,3 +249,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--busy", action="store_true", help="run a CPU-heavy job beside the gradings")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("regrade", help="grade an official result's kept source again and say if the verdict holds")
+    p.add_argument("result", type=Path, help="the official result, e.g. grading/results/<student>.json")
+    p.set_defaults(func=cmd_regrade)
+
+    p = sub.add_parser("review", help="list, show and decide the passes held for review")
+    p.add_argument("student", nargs="?", default=None, help="show this student's flagged lines (or decide)")
+    p.add_argument("--grading", type=Path, default=Path("grading"), help="the course's grading folder")
+    decide = p.add_mutually_exclusive_group()
+    decide.add_argument("--approve", metavar="REASON", default=None, help="release the hold: the pass may be certified")
+    decide.add_argument("--reject", metavar="REASON", default=None, help="keep the hold: no certificate")
+    p.set_defaults(func=cmd_review)
