@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml tools/install_horovod.sh tools/horovod-0.28.1.patch
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (or make setup PYTHON=/path/to/python3.11)"; exit 1; }
 	@$(MAKE) --no-print-directory sandbox-deps
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check $$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
 	$(BIN)/pip install --quiet --disable-pip-version-check -e .
 	tools/install_horovod.sh $(PY)
 	@touch $@
@@ -162,3 +162,36 @@ bench: $(STAMP)
 
 clean:
 	rm -rf grading/submitted grading/autograded grading/feedback .pytest_cache
+
+# ---------------------------------------------------------------------------------- workshop hub
+# A workshop on one JupyterHub (docs/workshop.md), as root on the workshop box: `make hub`.
+# hub-deps installs, once, what only a hub needs: Node and npm (apt-get), configurable-http-proxy
+# (npm) and a Python environment every learner account can run (HUB_PREFIX) with JupyterHub;
+# `make test` installs none of it (CI runs `make hub-deps` before `make test` to run the hub tests).
+HUB_PREFIX ?= /opt/multigpu-hub
+HUB_ROOT   ?= /srv/multigpu
+HUB_IP     ?= 127.0.0.1
+HUB_PORT   ?= 8000
+INSTRUCTOR ?= instructor
+# make hub-learners LEARNERS=30 (learner01 ...) or LEARNERS=names.csv
+LEARNERS   ?= 10
+HUB_ENV = MULTIGPU_HUB_ROOT=$(HUB_ROOT) MULTIGPU_HUB_IP=$(HUB_IP) MULTIGPU_HUB_PORT=$(HUB_PORT) \
+          MULTIGPU_HUB_INSTRUCTORS=$(INSTRUCTOR) PATH=$(HUB_PREFIX)/bin:/usr/local/bin:/usr/bin:/bin
+
+.PHONY: hub hub-deps hub-learners hub-queue test-hub
+
+hub-deps: $(STAMP)
+	MULTIGPU_HUB_PREFIX=$(HUB_PREFIX) deploy/hub/install.sh
+
+hub: hub-deps
+	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop hub --instructor $(INSTRUCTOR)
+
+hub-learners: hub-deps
+	@if [ -f "$(LEARNERS)" ]; then $(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop add-learners --csv $(LEARNERS); \
+	else $(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop add-learners $(LEARNERS); fi
+
+hub-queue:
+	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop queue
+
+test-hub: $(STAMP)
+	MULTIGPU_QUICK=1 $(PY) -m pytest tests/test_workshop*.py -v

@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: ``multigpu VERB ARGS``: the module whose ``main(ARGS)`` runs the verb.
-DELEGATED = {"release": "multigpu.course.release", "bench": "multigpu.course.bench"}
+DELEGATED = {"release": "multigpu.course.release", "bench": "multigpu.course.bench", "workshop": "multigpu.workshop.cli"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,264 @@
+"""One grading job of the hub's queue (``multigpu workshop grade-job ID``, started by the service
+on the cores kept for grading; it runs as root and never runs learner code as root):
+
+1. the submission is checked (the folder in the exchange's inbound must belong to the account
+   whose name it carries: nbgrader's exchange itself would take any name) and copied to the
+   course's ``submitted/``, replacing an earlier one;
+2. nbgrader autogrades it in a scratch course, as the unprivileged :data:`layout.GRADER_USER`
+   (a learner's notebook is hostile code: it must reach neither the gradebook nor anyone's work),
+   and generates the feedback there; the scores go into the instructor's gradebook and the
+   feedback is released to that learner (their Assignments tab: Fetch Feedback);
+3. for the assessment, the official grading of its ``train.py`` (the sandboxed grader,
+   ``multigpu.grading.grader.grade`` with the sandbox required) sets the assessment's points in the
+   gradebook, writes the result to ``state/results/<learner>.json`` and, where it passed and the
+   released labs are done, issues a signed certificate (``multigpu verify`` checks it).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from multigpu.workshop import course, layout
+from multigpu.workshop.jobs import Job
+from multigpu.workshop.layout import Hub
+
+#: nbgrader's limit per grading step (the labs' cells bound themselves; this is the outer bound).
+STEP_TIMEOUT_S = 3600
+
+
+class JobFailed(RuntimeError):
+    """The job cannot finish; the message is for the learner (and the instructor's view)."""
+
+
+def parse_submission(name: str) -> tuple[str, str, str] | None:
+    """``(student, assignment, timestamp)`` of an inbound folder ``student+assignment+timestamp+random``."""
+    parts = name.split("+")
+    if len(parts) < 3 or not all(parts[:3]):
+        return None
+    return parts[0], parts[1], parts[2]
+
+
+def submitter_matches(folder: Path, student: str) -> bool:
+    """Whether the inbound folder belongs to the Unix account ``student`` (it made the folder)."""
+    try:
+        return folder.stat().st_uid == pwd.getpwnam(student).pw_uid
+    except KeyError:
+        return False
+
+
+def _chown_tree(path: Path, user: str) -> None:
+    pw = pwd.getpwnam(user)
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), pw.pw_uid, pw.pw_gid, follow_symlinks=False)
+
+
+def _nbgrader(args: list[str], cwd: Path, *, user: str | None, env: dict[str, str], what: str) -> str:
+    """Run ``nbgrader ARGS`` in ``cwd`` (as ``user`` when given) through ``multigpu.launch``."""
+    from multigpu import launch
+
+    argv = [str(Path(sys.executable).parent / "nbgrader"), *args]
+    if user:
+        pw = pwd.getpwnam(user)
+        argv = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--", *argv]
+    proc = launch.start(argv, env=env, cwd=cwd)
+    result = launch.supervise([proc], ["nbgrader"], STEP_TIMEOUT_S, echo=False, what=what, raise_on_timeout=False)
+    if result.returncodes[0] != 0:
+        tail = "\n".join(result.output[-15:])
+        raise JobFailed(f"{what} failed (exit {result.returncodes[0]}):\n{tail}")
+    return "\n".join(result.output)
+
+
+def _env(home: Path) -> dict[str, str]:
+    bindir = str(Path(sys.executable).parent)
+    keep = {k: v for k, v in os.environ.items() if k in ("MULTIGPU_QUICK", "LANG", "LC_ALL")}
+    return {**keep, "HOME": str(home), "PATH": os.pathsep.join([bindir, "/usr/local/bin", "/usr/bin", "/bin"]),
+            "MULTIGPU_OFFICIAL_GRADING": "1", "JUPYTER_CONFIG_DIR": str(home / ".jupyter"),
+            "JUPYTER_RUNTIME_DIR": str(home / ".runtime")}
+
+
+def collect(hub: Hub, job: Job) -> Path:
+    """Step 1: the submission, checked, in ``course/submitted/<student>/<assignment>/``."""
+    from multigpu.grading.rules import RESULT_FILE
+
+    src = hub.inbound / job.submission
+    if not src.is_dir():
+        raise JobFailed(f"the submission {job.submission} is no longer in the exchange: submit again")
+    if not submitter_matches(src, job.student):
+        raise JobFailed(f"this submission carries the name {job.student!r} but was made by another account: not graded")
+    dest = hub.course / "submitted" / job.student / job.assignment
+    if dest.exists():
+        shutil.rmtree(dest)
+    # a grading result comes from the grader's own run, never from a submission
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(RESULT_FILE, ".ipynb_checkpoints"), symlinks=False)
+    return dest
+
+
+def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Step 2: autograde and feedback in a scratch course as the grading account; the scores go to
+    the instructor's gradebook. Returns ``{"score", "max_score", "notebooks": {nb: [score, max]}}``."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    scratch = hub.scratch / f"job-{job.id}"
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    (scratch / "source").mkdir(parents=True)
+    shutil.copytree(hub.course / "source" / job.assignment, scratch / "source" / job.assignment)
+    shutil.copytree(submitted, scratch / "submitted" / job.student / job.assignment)
+    (scratch / "nbgrader_config.py").write_text(course.COURSE_CONFIG.format(
+        course=str(scratch), course_id=layout.COURSE_ID, db_url=f"sqlite:///{scratch / 'gradebook.db'}",
+        exchange=str(scratch / "no-exchange"), assessment=layout.ASSESSMENT))
+    _chown_tree(scratch, layout.GRADER_USER)
+    os.chmod(scratch, 0o700)
+    env = _env(scratch)
+    user = layout.GRADER_USER
+    log("registering the assignment")
+    _nbgrader(["generate_assignment", job.assignment, "--force"], scratch, user=user, env=env,
+              what="nbgrader generate_assignment")
+    log("autograding the notebooks (nbgrader runs them as the grading account)")
+    _nbgrader(["autograde", job.assignment, "--student", job.student, "--force"], scratch, user=user, env=env,
+              what="nbgrader autograde")
+    _nbgrader(["generate_feedback", job.assignment, "--student", job.student, "--force"], scratch, user=user, env=env,
+              what="nbgrader generate_feedback")
+
+    scores: dict[str, dict[str, float]] = {}
+    with Gradebook(f"sqlite:///{scratch / 'gradebook.db'}") as gb:
+        sub = gb.find_submission(job.assignment, job.student)
+        for nb in sub.notebooks:
+            scores[nb.name] = {g.name: float(g.auto_score or 0) for g in nb.grades}
+    with Gradebook(hub.db_url) as gb:
+        gb.update_or_create_student(job.student)
+        try:
+            gb.find_assignment(job.assignment)
+        except MissingEntry:
+            raise JobFailed(f"{job.assignment} is not in the instructor's gradebook: it was never released "
+                            "from the formgrader") from None
+        try:
+            gb.remove_submission(job.assignment, job.student)  # a resubmission replaces the earlier one
+        except MissingEntry:
+            pass
+        sub = gb.add_submission(job.assignment, job.student)
+        for nb in sub.notebooks:
+            for g in nb.grades:
+                g.auto_score = scores.get(nb.name, {}).get(g.name, 0.0)
+        gb.db.commit()
+        sub = gb.find_submission(job.assignment, job.student)
+        out = {"score": float(sub.score), "max_score": float(sub.max_score),
+               "notebooks": {nb.name: [float(nb.score), float(nb.max_score)] for nb in sub.notebooks}}
+
+    instructor = pwd.getpwuid(hub.course.stat().st_uid).pw_name
+    for part in ("autograded", "feedback"):
+        dest = hub.course / part / job.student / job.assignment
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(scratch / part / job.student / job.assignment, dest)
+        _chown_tree(hub.course / part, instructor)
+    _chown_tree(hub.course / "submitted" / job.student, instructor)
+    for f in hub.course.glob("gradebook.db*"):
+        _chown_tree(f, instructor)
+    _nbgrader(["release_feedback", job.assignment, "--student", job.student], hub.course, user=None,
+              env=dict(_env(hub.state), HOME=str(hub.state)), what="nbgrader release_feedback")
+    shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+def released_labs(hub: Hub) -> list[str]:
+    outbound = hub.exchange / layout.COURSE_ID / "outbound"
+    return sorted(p.name for p in outbound.iterdir() if p.name.startswith("lab-")) if outbound.is_dir() else []
+
+
+def labs_score(hub: Hub, student: str) -> dict[str, Any]:
+    """The learner's points over the labs released so far (unsubmitted ones count 0)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    score = total = 0.0
+    with Gradebook(hub.db_url) as gb:
+        for lab in released_labs(hub):
+            try:
+                total += float(gb.find_assignment(lab).max_score)
+            except MissingEntry:
+                continue
+            try:
+                score += float(gb.find_submission(lab, student).score)
+            except MissingEntry:
+                pass
+    return {"score": score, "max_score": total, "labs": released_labs(hub)}
+
+
+def official(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Step 3: the sandboxed official grading of the assessment's train.py, its points in the
+    gradebook, the result file and, where earned, the certificate."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from multigpu.grading import certificates, grader, official as official_grading, rules
+
+    settings = rules.settings()
+    script = submitted / "train.py"
+    if not script.is_file():
+        raise JobFailed("the submission has no train.py: submit the assessment folder with your converted train.py")
+    log(f"official grading of train.py (sandboxed, profile '{settings.profile}')")
+    try:
+        result = grader.grade(script, settings, sandbox="required", hidden=[hub.root], log=log)
+    except grader.GradingUnavailable as e:
+        raise JobFailed(f"the grading machine cannot grade right now ({e}); the instructor has been told, "
+                        "your submission is kept") from None
+    result.script = f"{job.student}/{layout.ASSESSMENT}/train.py"
+    path = hub.results / f"{job.student}.json"
+    grader.save_result(result, path)
+    with Gradebook(hub.db_url) as gb:
+        for name, criterion in result.criteria.items():
+            try:
+                grade = gb.find_grade(official_grading.grade_id(name), official_grading.NOTEBOOK, layout.ASSESSMENT,
+                                      job.student)
+            except MissingEntry:
+                continue
+            grade.manual_score = float(criterion.earned)
+        gb.db.commit()
+    out: dict[str, Any] = {"official": result.to_dict(), "report": result.report(), "certificate": None}
+    labs = labs_score(hub, job.student)
+    if not result.passed:
+        out["certificate_note"] = "no certificate: the assessment did not pass (see the grader's report)"
+    elif not result.sandboxed or settings.profile not in ("cpu", "gpu"):
+        out["certificate_note"] = (f"no certificate: graded with the '{settings.profile}' profile"
+                                   + ("" if result.sandboxed else ", unsandboxed") + " (tests only)")
+    elif certificates.held_for_review(result.to_dict()):
+        out["certificate_note"] = ("passed, held for review: the instructor looks at it before a certificate is "
+                                   f"issued ({certificates.held_for_review(result.to_dict())})")
+    elif labs["max_score"] and labs["score"] < certificates.LABS_REQUIRED * labs["max_score"]:
+        out["certificate_note"] = (f"no certificate yet: the released labs need {certificates.LABS_REQUIRED:.0%} of "
+                                   f"their points ({labs['score']:g}/{labs['max_score']:g} so far); submit them, "
+                                   "then resubmit the assessment")
+    else:
+        key = certificates.load_private_key(os.environ.get("MULTIGPU_CERTIFICATE_KEY") or None)
+        record = certificates.make_record(job.student, job.student, result.to_dict(), labs={
+            "score": labs["score"], "max_score": labs["max_score"], "required_fraction": certificates.LABS_REQUIRED})
+        pdf, js = certificates.issue(record, key, hub.certificates / job.student)
+        out["certificate"] = {"pdf": str(pdf), "json": str(js)}
+        out["certificate_note"] = "certificate issued"
+    return out
+
+
+def run(hub: Hub, job: Job, log: Callable[[str], None] = print) -> tuple[str, str, dict[str, Any]]:
+    """Grade ``job``; ``(state, message for the learner, result)``."""
+    start = time.monotonic()
+    try:
+        submitted = collect(hub, job)
+        result: dict[str, Any] = {"autograde": autograde(hub, job, submitted, log)}
+        auto = result["autograde"]
+        message = f"notebooks {auto['score']:g}/{auto['max_score']:g} points; feedback released (Assignments tab: Fetch Feedback)"
+        if job.assignment == layout.ASSESSMENT:
+            result.update(official(hub, job, submitted, log))
+            r = result["official"]
+            message = (f"assessment {'PASSED' if r['passed'] else 'not passed'}: {r['score']}/{r['max_score']} points "
+                       f"from the official grading; {result['certificate_note']}")
+    except JobFailed as e:
+        return "failed", str(e), {"seconds": round(time.monotonic() - start, 1)}
+    result["seconds"] = round(time.monotonic() - start, 1)
+    return "done", message, result

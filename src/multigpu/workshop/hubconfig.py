@@ -1,0 +1,150 @@
+"""JupyterHub's configuration for a workshop (``jupyter/hub/jupyterhub_config.py`` calls
+:func:`configure`; ``make hub`` starts it).
+
+- Accounts: PAM against the box's Unix users (``accounts`` makes them). PAM needs nothing beyond
+  the box itself (no identity provider, no internet for the room, works on an air-gapped box),
+  and since JupyterHub's local process spawner runs each server as the Unix user that logged in,
+  the kernel's file permissions are what keep learners apart. Only members of the workshop's
+  groups may log in; instructors are hub admins.
+- Servers: :class:`WorkshopSpawner`, JupyterHub's ``LocalProcessSpawner`` that also confines each
+  server (``limits.confine``: its own cgroup, the learners' cores only). A learner's server is
+  JupyterLab as ``make lab`` configures it (``jupyter/learner``) plus nbgrader's exchange; the
+  instructor's serves the hub course with the formgrader (``jupyter/instructor``).
+- The grading service (``multigpu.workshop.service``), started and restarted by the hub.
+
+Settings come from the environment ``make hub`` passes (every one has a default):
+``MULTIGPU_HUB_ROOT``, ``MULTIGPU_HUB_IP``/``_PORT`` (the address learners open),
+``MULTIGPU_HUB_INTERNAL_PORT``, ``MULTIGPU_PROXY_API_PORT``, ``MULTIGPU_GRADING_PORT``,
+``MULTIGPU_HUB_INSTRUCTORS`` (comma-separated logins), ``MULTIGPU_GRADING_CORES`` (cores kept for
+grading), ``MULTIGPU_LEARNER_CPUS`` and ``MULTIGPU_LEARNER_MEM_GB`` (each learner server's share).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from multigpu.course import layout as course_layout
+from multigpu.workshop import layout, limits
+from multigpu.workshop.layout import Hub
+
+try:
+    from jupyterhub.spawner import LocalProcessSpawner
+except ImportError:  # the course's own venv has no JupyterHub; only the hub's environment needs it
+    LocalProcessSpawner = object  # type: ignore[assignment,misc]
+
+#: Defaults of one learner server's share (a 4-worker lab job uses 2 cores well; see docs/workshop.md).
+LEARNER_CPUS = 2.0
+LEARNER_MEM_GB = 4.0
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name) or default)
+
+
+def instructors() -> list[str]:
+    return [s.strip() for s in os.environ.get("MULTIGPU_HUB_INSTRUCTORS", layout.INSTRUCTOR).split(",") if s.strip()]
+
+
+def cores() -> tuple[list[int], list[int]]:
+    """(learner cores, grading cores) for this box (``MULTIGPU_GRADING_CORES`` reserves that many)."""
+    reserved = os.environ.get("MULTIGPU_GRADING_CORES")
+    return limits.split_cores(reserved=int(reserved) if reserved else None)
+
+
+def server_env(hub: Hub, instructor: bool) -> dict[str, str]:
+    """The environment of one user's server (learners: ``make lab``'s config plus the exchange)."""
+    repo = course_layout.course_root()
+    view = "instructor" if instructor else "learner"
+    paths = [str(repo / "jupyter" / view)] if instructor else [str(hub.learner_config), str(repo / "jupyter" / view)]
+    bindir = str(Path(sys.executable).parent)
+    return {
+        "JUPYTER_CONFIG_PATH": os.pathsep.join(paths),
+        "PATH": os.pathsep.join([bindir, "/usr/local/bin", "/usr/bin", "/bin"]),
+        "MULTIGPU_HUB_ROOT": str(hub.root),
+    }
+
+
+class WorkshopSpawner(LocalProcessSpawner):  # type: ignore[misc,valid-type]
+    """LocalProcessSpawner that confines each server (see ``limits``) and gives instructors and
+    learners their own view."""
+
+    def is_instructor(self) -> bool:
+        return self.user.name in instructors()
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        env.update(server_env(Hub.default(), self.is_instructor()))
+        return env
+
+    async def start(self) -> Any:
+        hub = Hub.default()
+        if self.is_instructor():
+            self.notebook_dir = str(hub.course)
+            self.default_url = "/lab/tree/source"
+        else:
+            self.default_url = "/lab"
+        return await super().start()
+
+    def make_preexec_fn(self, name: str) -> Any:
+        become = super().make_preexec_fn(name)
+        learner_cores, _grading = cores()
+        cpu = None if self.is_instructor() else float(os.environ.get("MULTIGPU_LEARNER_CPUS") or LEARNER_CPUS)
+        mem = None if self.is_instructor() else int(float(os.environ.get("MULTIGPU_LEARNER_MEM_GB") or LEARNER_MEM_GB) * 2**30)
+        group = f"user-{name}"
+
+        def confine_then_become() -> None:  # in the forked child, as root, before it becomes the user
+            limits.confine(group, os.getpid(), cores=learner_cores, cpu_limit=cpu, mem_limit=mem)
+            become()
+
+        return confine_then_become
+
+
+def configure(c: Any) -> None:
+    """Fill JupyterHub's config object ``c`` (see the module doc)."""
+    hub = Hub.default()
+    hub.state.mkdir(parents=True, exist_ok=True)
+    ip = os.environ.get("MULTIGPU_HUB_IP", "127.0.0.1")
+    port = env_int("MULTIGPU_HUB_PORT", 8000)
+    grading_port = env_int("MULTIGPU_GRADING_PORT", 8010)
+    c.JupyterHub.bind_url = f"http://{ip}:{port}"
+    c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{env_int('MULTIGPU_HUB_INTERNAL_PORT', 8081)}"
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{env_int('MULTIGPU_PROXY_API_PORT', 8001)}"
+    c.ConfigurableHTTPProxy.command = [shutil.which("configurable-http-proxy") or "configurable-http-proxy"]
+    c.ConfigurableHTTPProxy.pid_file = str(hub.state / "proxy.pid")
+    c.JupyterHub.db_url = f"sqlite:///{hub.state / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(hub.state / "jupyterhub_cookie_secret")
+    c.JupyterHub.pid_file = str(hub.state / "jupyterhub.pid")
+    # a hub restart leaves running servers and the proxy's routes alone; they are found again
+    c.JupyterHub.cleanup_servers = False
+    c.JupyterHub.cleanup_proxy = False
+
+    c.JupyterHub.authenticator_class = "pam"
+    c.PAMAuthenticator.allowed_groups = {layout.LEARNERS_GROUP, layout.INSTRUCTORS_GROUP}
+    c.PAMAuthenticator.open_sessions = False
+    c.Authenticator.admin_users = set(instructors())
+
+    c.JupyterHub.spawner_class = WorkshopSpawner
+    c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
+    c.Spawner.start_timeout = 300  # a busy box imports torch slowly
+    c.Spawner.http_timeout = 300
+    learner_cores, grading_cores = cores()
+    c.JupyterHub.services = [{
+        "name": "grading",
+        "url": f"http://127.0.0.1:{grading_port}",
+        "command": [sys.executable, "-m", "multigpu.workshop.service"],
+        "environment": {"MULTIGPU_HUB_ROOT": str(hub.root), "MULTIGPU_GRADING_CORES_LIST": limits.cpulist(grading_cores),
+                        "MULTIGPU_HUB_INSTRUCTORS": ",".join(instructors()),
+                        **{k: v for k, v in os.environ.items() if k in ("MULTIGPU_GRADING_PROFILE", "MULTIGPU_QUICK",
+                                                                        "MULTIGPU_QUEUE_LIMIT", "MULTIGPU_GRADING_TIMEOUT",
+                                                                        "MULTIGPU_CERTIFICATE_KEY", "PATH")}},
+        "display": True,
+        "oauth_no_confirm": True,
+    }]
+    c.JupyterHub.load_roles = [
+        # every user may open the grading service's page (it shows each learner only their own)
+        {"name": "user", "scopes": ["self", "access:services!service=grading"]},
+    ]

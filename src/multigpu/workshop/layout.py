@@ -1,0 +1,98 @@
+"""Where a workshop hub keeps its things: everything under one root folder (``$MULTIGPU_HUB_ROOT``,
+default ``/srv/multigpu``), so a test can run a whole hub in a temporary folder.
+
+    ROOT/course/        the instructor's nbgrader course (owned by the instructor, mode 700):
+                        source/lab-00 ... source/assessment, release/, submitted/, autograded/,
+                        feedback/, gradebook.db, nbgrader_config.py
+    ROOT/exchange/      nbgrader's exchange (root-owned, 777 like nbgrader asks: the inbound
+                        folder inside it lets learners write but not list)
+    ROOT/etc/learner/   the learners' Jupyter config: nbgrader's exchange and course id
+    ROOT/state/         root only (700): the hub's database and secrets, the grading queue,
+                        the official results, certificates
+    ROOT/scratch/       one folder per grading (711: each job's folder belongs to the grading
+                        account, mode 700)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_ROOT = "/srv/multigpu"
+#: nbgrader's course id on the hub (the exchange's folder, the learners' Assignments tab).
+COURSE_ID = "multigpu"
+#: The assessment's assignment on the hub (the labs are lab-00 ... lab-04).
+ASSESSMENT = "assessment"
+#: Unix groups: every learner account, the instructor accounts.
+LEARNERS_GROUP = "multigpu-learners"
+INSTRUCTORS_GROUP = "multigpu-instructors"
+#: The unprivileged account that runs learners' notebooks during autograding.
+GRADER_USER = "multigpu-grader"
+#: The hub's default instructor account (the formgrader's owner, a hub admin).
+INSTRUCTOR = "instructor"
+
+
+def lab_assignment(notebook: str) -> str:
+    """The hub assignment of a lab notebook: ``02b-ring-allreduce.ipynb`` belongs to ``lab-02``."""
+    digits = ""
+    for ch in notebook:
+        if not ch.isdigit():
+            break
+        digits += ch
+    if not digits:
+        raise ValueError(f"{notebook} does not start with a lab number (NN-topic.ipynb)")
+    return f"lab-{int(digits):02d}"
+
+
+@dataclass(frozen=True)
+class Hub:
+    root: Path
+
+    @classmethod
+    def default(cls) -> Hub:
+        return cls(Path(os.environ.get("MULTIGPU_HUB_ROOT", DEFAULT_ROOT)).resolve())
+
+    @property
+    def course(self) -> Path:
+        return self.root / "course"
+
+    @property
+    def exchange(self) -> Path:
+        return self.root / "exchange"
+
+    @property
+    def inbound(self) -> Path:
+        return self.exchange / COURSE_ID / "inbound"
+
+    @property
+    def learner_config(self) -> Path:
+        return self.root / "etc" / "learner"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def queue_db(self) -> Path:
+        return self.state / "queue.sqlite"
+
+    @property
+    def results(self) -> Path:
+        return self.state / "results"
+
+    @property
+    def certificates(self) -> Path:
+        return self.state / "certificates"
+
+    @property
+    def scratch(self) -> Path:
+        return self.root / "scratch"
+
+    @property
+    def gradebook(self) -> Path:
+        return self.course / "gradebook.db"
+
+    @property
+    def db_url(self) -> str:
+        return f"sqlite:///{self.gradebook}"

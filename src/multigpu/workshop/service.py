@@ -1,0 +1,216 @@
+"""The grading service of a workshop hub (JupyterHub starts it: ``hubconfig``; run by hand with
+``python -m multigpu.workshop.service``).
+
+Every few seconds it looks for new submissions in nbgrader's exchange and records each one in
+the queue on disk (:mod:`jobs`); one at a time, it grades the oldest in a child process pinned to
+the cores kept for grading (``multigpu workshop grade-job ID`` through ``multigpu.launch``,
+bounded by ``MULTIGPU_GRADING_TIMEOUT``). Its page (``/services/grading/``, behind the hub's
+login) shows a learner their own submissions only: place in the queue, state, scores, the
+grader's report, feedback and certificate; an instructor sees every learner's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from multigpu.workshop import accounts, grading, jobs, layout
+from multigpu.workshop.layout import Hub
+
+SCAN_S = 2.0
+#: The longest one grading may take before it is stopped (an official grading is about 3 min on
+#: the 2-core machine; a lab's autograde runs its notebook once).
+GRADING_TIMEOUT_S = 3600
+
+
+def grading_cores() -> set[int] | None:
+    given = os.environ.get("MULTIGPU_GRADING_CORES_LIST")
+    return {int(c) for c in given.split(",")} if given else None
+
+
+def scan(hub: Hub, queue: jobs.Queue) -> list[jobs.Job]:
+    """Record every new submission in the exchange's inbound folder; returns the new jobs."""
+    new = []
+    if not hub.inbound.is_dir():
+        return new
+    for entry in sorted(os.scandir(hub.inbound), key=lambda e: e.name):
+        if not entry.is_dir(follow_symlinks=False) or queue.known(entry.name):
+            continue
+        parsed = grading.parse_submission(entry.name)
+        if parsed is None:
+            continue
+        student, assignment, stamp = parsed
+        if not grading.submitter_matches(Path(entry.path), student):
+            new.append(queue.add(entry.name, student, assignment, stamp, state="failed",
+                                 message=f"a submission in the name of {student!r} was made by another account: not graded"))
+            continue
+        new.append(queue.add(entry.name, student, assignment, stamp))
+    return new
+
+
+def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADING_TIMEOUT_S) -> jobs.Job:
+    """Run ``job`` in its child process (pinned to the grading cores) and make sure it ends
+    ``done`` or ``failed`` whatever the child did."""
+    from multigpu import launch
+
+    env = dict(os.environ, MULTIGPU_HUB_ROOT=str(hub.root))
+    proc = launch.start([sys.executable, "-m", "multigpu.cli", "workshop", "grade-job", str(job.id)], env=env,
+                        cores=grading_cores())
+    result = launch.supervise([proc], [f"job {job.id}"], timeout, echo=True, what=f"grading job {job.id}",
+                              raise_on_timeout=False)
+    after = queue.get(job.id)
+    if after is not None and after.state == "running":
+        code = result.returncodes[0]
+        if code is None or result.timed_out:
+            message = (f"the grading took longer than {timeout:.0f} s and was stopped; your submission is kept: "
+                       "submit again to retry, or ask the instructor")
+        else:
+            tail = "\n".join(result.output[-10:])
+            message = f"the grading crashed (exit {code}); your submission is kept and the instructor has been told:\n{tail}"
+        queue.finish(job.id, "failed", message)
+    return queue.get(job.id)  # type: ignore[return-value]
+
+
+async def worker(hub: Hub, queue: jobs.Queue, timeout: float) -> None:
+    """The queue's one worker: scan, take the oldest job, grade it, again."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            await loop.run_in_executor(None, scan, hub, queue)
+            job = await loop.run_in_executor(None, queue.take)
+            if job is None:
+                await asyncio.sleep(SCAN_S)
+                continue
+            print(f"grading job {job.id}: {job.student} {job.assignment}", flush=True)
+            done = await loop.run_in_executor(None, grade_one, hub, queue, job, timeout)
+            print(f"job {job.id}: {done.state}: {done.message.splitlines()[0] if done.message else ''}", flush=True)
+        except Exception as e:  # noqa: BLE001 - the queue must outlive one bad job; the job says what failed
+            print(f"grading service error: {e!r}", file=sys.stderr, flush=True)
+            await asyncio.sleep(SCAN_S)
+
+
+# ------------------------------------------------------------------------------------ the page
+STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
+         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}"
+         "pre{white-space:pre-wrap;background:#f6f6f6;padding:.5em}.failed{color:#a00}.done{color:#060}")
+
+
+def _ago(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def render(hub: Hub, queue: jobs.Queue, user: str, instructor: bool, prefix: str) -> str:
+    """The page for ``user``: their own jobs (every job for an instructor)."""
+    shown = queue.jobs(None if instructor else user)
+    rows = []
+    for job in shown:
+        place = queue.position(job)
+        state = job.state + (f" (place {place} in the queue)" if place else "")
+        detail = html.escape(job.message)
+        res = job.result or {}
+        links = []
+        feedback = hub.course / "feedback" / job.student / job.assignment
+        if job.state == "done" and feedback.is_dir():
+            links += [f'<a href="{prefix}files/{job.id}/feedback/{html.escape(p.name)}">{html.escape(p.stem)} feedback</a>'
+                      for p in sorted(feedback.glob("*.html"))]
+        cert = res.get("certificate")
+        if cert:
+            links += [f'<a href="{prefix}files/{job.id}/certificate/{kind}">certificate ({kind})</a>' for kind in ("pdf", "json")]
+        report = f"<pre>{html.escape(res['report'])}</pre>" if res.get("report") else ""
+        rows.append(f"<tr><td>{job.id}</td><td>{html.escape(job.student)}</td><td>{html.escape(job.assignment)}</td>"
+                    f"<td>{html.escape(job.submitted)}</td><td class='{job.state}'>{html.escape(state)}</td>"
+                    f"<td>{detail}{report}{'<br>'.join(links)}</td></tr>")
+    waiting = queue.count("queued") + queue.count("held")
+    running = queue.count("running")
+    head = (f"<h1>Grading</h1><p>Signed in as <b>{html.escape(user)}</b>"
+            f"{' (instructor: every learner)' if instructor else ''}. {running} grading now, {waiting} waiting. "
+            "Submit from JupyterLab's Assignments tab; this page refreshes every 10 s. A new submission of the "
+            "same assignment replaces one still waiting.</p>")
+    table = ("<table><tr><th>#</th><th>learner</th><th>assignment</th><th>submitted</th><th>state</th><th>result</th></tr>"
+             + "".join(rows) + "</table>") if rows else "<p>No submissions yet.</p>"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><meta http-equiv='refresh' content='10'>"
+            f"<title>Grading</title><style>{STYLE}</style></head><body>{head}{table}</body></html>")
+
+
+def file_for(hub: Hub, job: jobs.Job, kind: str, name: str) -> Path | None:
+    """The feedback page or certificate file of ``job`` named by a URL, or None."""
+    if kind == "feedback":
+        folder = hub.course / "feedback" / job.student / job.assignment
+        path = folder / name
+        return path if path.parent == folder and path.suffix == ".html" and path.is_file() else None
+    if kind == "certificate" and job.result and job.result.get("certificate") and name in ("pdf", "json"):
+        return Path(job.result["certificate"][name])
+    return None
+
+
+def make_app(hub: Hub, queue: jobs.Queue) -> Any:
+    from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
+    from tornado import web
+
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/grading/")
+
+    def is_instructor(name: str) -> bool:
+        return name in os.environ.get("MULTIGPU_HUB_INSTRUCTORS", layout.INSTRUCTOR).split(",") or \
+            name in accounts.members(layout.INSTRUCTORS_GROUP)
+
+    class Page(HubOAuthenticated, web.RequestHandler):
+        @web.authenticated
+        def get(self) -> None:
+            name = self.get_current_user()["name"]
+            self.write(render(hub, queue, name, is_instructor(name), prefix))
+
+    class Status(HubOAuthenticated, web.RequestHandler):
+        @web.authenticated
+        def get(self) -> None:
+            name = self.get_current_user()["name"]
+            own = queue.jobs(None if is_instructor(name) else name)
+            self.set_header("Content-Type", "application/json")
+            self.write(json.dumps([dict(vars(j), place=queue.position(j)) for j in own]))
+
+    class File(HubOAuthenticated, web.RequestHandler):
+        @web.authenticated
+        def get(self, job_id: str, kind: str, name: str) -> None:
+            user = self.get_current_user()["name"]
+            job = queue.get(int(job_id))
+            if job is None or (job.student != user and not is_instructor(user)):
+                raise web.HTTPError(404)
+            path = file_for(hub, job, kind, name)
+            if path is None or not path.is_file():
+                raise web.HTTPError(404)
+            types = {".html": "text/html", ".pdf": "application/pdf", ".json": "application/json"}
+            self.set_header("Content-Type", types.get(path.suffix, "application/octet-stream"))
+            if path.suffix != ".html":
+                self.set_header("Content-Disposition", f'attachment; filename="{path.name}"')
+            self.write(path.read_bytes())
+
+    return web.Application([
+        (prefix, Page),
+        (prefix + "status", Status),
+        (prefix + r"files/(\d+)/(feedback|certificate)/([^/]+)", File),
+        (prefix + "oauth_callback", HubOAuthCallbackHandler),
+    ], cookie_secret=os.urandom(32))
+
+
+async def main() -> None:
+    from urllib.parse import urlparse
+
+    hub = Hub.default()
+    queue = jobs.Queue(hub.queue_db, limit=int(os.environ.get("MULTIGPU_QUEUE_LIMIT") or jobs.QUEUE_LIMIT))
+    for job in queue.recover():
+        print(f"job {job.id} ({job.student} {job.assignment}) was cut off by a restart: queued again", flush=True)
+    url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8010"))
+    app = make_app(hub, queue)
+    app.listen(url.port, url.hostname)
+    print(f"grading service on {url.geturl()}, grading on cores {os.environ.get('MULTIGPU_GRADING_CORES_LIST', 'any')}",
+          flush=True)
+    await worker(hub, queue, float(os.environ.get("MULTIGPU_GRADING_TIMEOUT") or GRADING_TIMEOUT_S))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,144 @@
+"""The workshop hub's parts that need no hub: the queue on disk, the course layout per lab, the
+account helpers, the core split, JupyterHub's settings. (tests/test_workshop_hub.py runs a hub.)"""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+from multigpu.workshop import accounts, course, hubconfig, jobs, layout, limits
+
+
+def test_lab_assignment_groups_a_lab_and_its_b_part():
+    assert layout.lab_assignment("00-welcome.ipynb") == "lab-00"
+    assert layout.lab_assignment("02b-ring-allreduce.ipynb") == "lab-02"
+    with pytest.raises(ValueError, match="lab number"):
+        layout.lab_assignment("welcome.ipynb")
+
+
+def test_one_assignment_per_lab_and_the_starter_for_the_assessment(repo):
+    from multigpu.grading.grader import STARTER
+
+    got = course.assignments(repo)
+    labs = sorted(p.name for p in (repo / "solutions" / "notebooks").glob("*.ipynb"))
+    assert [a for a in got if a != layout.ASSESSMENT] == sorted({layout.lab_assignment(n) for n in labs})
+    assert sorted(p.name for files in got.values() for p in files if p.suffix == ".ipynb") == sorted(
+        labs + ["assessment.ipynb"])
+    # the learner's train.py is the starter, never the instructor's converted solution
+    assert STARTER in got[layout.ASSESSMENT]
+    assert not any(p.name == "train.py" for p in got[layout.ASSESSMENT])
+
+
+def test_hub_sources_leave_the_repository_layout_alone(repo, tmp_path):
+    before = sorted(str(p.relative_to(repo)) for p in (repo / "notebooks").iterdir())
+    made = course.write_sources(layout.Hub(tmp_path), repo)
+    assert made[-1] == layout.ASSESSMENT and made[0] == "lab-00"
+    assert (tmp_path / "course" / "source" / "lab-02" / "02b-ring-allreduce.ipynb").is_file()
+    starter = (tmp_path / "course" / "source" / "assessment" / "train.py").read_text()
+    assert "hvd.init" not in starter, "the released train.py must be the unconverted starter"
+    assert sorted(str(p.relative_to(repo)) for p in (repo / "notebooks").iterdir()) == before
+
+
+def test_resubmission_replaces_a_waiting_job_and_a_full_queue_holds(tmp_path):
+    q = jobs.Queue(tmp_path / "q.sqlite", limit=2)
+    a1 = q.add("ana+lab-00+t1+x", "ana", "lab-00", "t1")
+    b1 = q.add("ben+lab-00+t1+y", "ben", "lab-00", "t1")
+    assert q.add("ana+lab-00+t1+x", "ana", "lab-00", "t1").id == a1.id, "a known submission is recorded once"
+    a2 = q.add("ana+lab-00+t2+z", "ana", "lab-00", "t2")
+    assert q.get(a1.id).state == "replaced" and "later submission" in q.get(a1.id).message
+    assert (a2.state, q.position(a2), q.position(b1)) == ("queued", 2, 1)
+    c1 = q.add("cy+lab-01+t1+w", "cy", "lab-01", "t1")
+    assert c1.state == "held" and "queue is full" in c1.message and q.position(c1) == 3
+    assert q.take().id == b1.id
+    assert q.take().id == a2.id  # a place freed: the held job joins the queue
+    assert q.get(c1.id).state == "queued"
+
+
+def test_the_queue_survives_a_restart_and_gives_up_after_repeated_cuts(tmp_path):
+    path = tmp_path / "q.sqlite"
+    q = jobs.Queue(path)
+    first = q.add("ana+lab-00+t1+x", "ana", "lab-00", "t1")
+    later = q.add("ben+lab-00+t1+y", "ben", "lab-00", "t1")
+    assert q.take().id == first.id
+    q2 = jobs.Queue(path)  # the service restarted: a new process opens the same file
+    assert [j.id for j in q2.recover()] == [first.id]
+    assert q2.get(first.id).state == "queued" and "restarted" in q2.get(first.id).message
+    assert q2.take().id == first.id, "a job cut off by a restart runs before later ones"
+    for _ in range(jobs.MAX_ATTEMPTS - 2):  # two starts so far
+        q2.recover()
+        assert q2.take().id == first.id
+    q2.recover()
+    assert q2.get(first.id).state == "failed" and "cut off" in q2.get(first.id).message
+    assert q2.get(later.id).state == "queued"
+    q2.finish(later.id, "done", "ok", {"score": 1})
+    assert q2.get(later.id).result == {"score": 1}
+    with pytest.raises(ValueError):
+        q2.finish(later.id, "queued", "")
+
+
+def test_submission_names_and_who_made_them(tmp_path):
+    from multigpu.workshop import grading
+
+    assert grading.parse_submission("ana+lab-00+2026-11-25 19:36:28.863787 UTC+1e1R3i") == (
+        "ana", "lab-00", "2026-11-25 19:36:28.863787 UTC")
+    assert grading.parse_submission("garbage") is None
+    assert not grading.submitter_matches(tmp_path, "no-such-user-here")
+
+
+def test_passwords_and_logins():
+    pw = accounts.password()
+    assert re.fullmatch(r"[a-z2-9]{4}-[a-z2-9]{4}-[a-z2-9]{4}", pw) and not set(pw) & set("01lo")
+    assert len({accounts.password() for _ in range(50)}) == 50
+    assert accounts.LOGIN.match("learner01") and not accounts.LOGIN.match("Root;rm") and not accounts.LOGIN.match("1abc")
+
+
+def test_names_from_a_csv(tmp_path):
+    f = tmp_path / "room.csv"
+    f.write_text("name,login\nAna Lima,ana\n# late,x\nBen Ode,ben\n")
+    assert accounts.names_from_csv(f) == ["ana", "ben"]
+    f.write_text("ana\nben\n\n")
+    assert accounts.names_from_csv(f) == ["ana", "ben"]
+    f.write_text("")
+    with pytest.raises(accounts.AccountError, match="no names"):
+        accounts.names_from_csv(f)
+
+
+def test_grading_cores_are_kept_apart_from_learners():
+    assert limits.split_cores([0, 1]) == ([0], [1])
+    assert limits.split_cores(list(range(16))) == (list(range(14)), [14, 15])
+    assert limits.split_cores([0]) == ([0], [0]), "one core cannot be split: grading shares it"
+    assert limits.split_cores(list(range(8)), reserved=3) == ([0, 1, 2, 3, 4], [5, 6, 7])
+    with pytest.raises(ValueError, match="at least one"):
+        limits.split_cores([0, 1], reserved=2)
+
+
+def test_hub_settings(monkeypatch, tmp_path):
+    """What a workshop depends on: PAM with the workshop's groups, instructors as admins, the
+    local process spawner that confines servers, localhost unless told, the grading service."""
+    monkeypatch.setenv("MULTIGPU_HUB_ROOT", str(tmp_path))
+    monkeypatch.setenv("MULTIGPU_HUB_INSTRUCTORS", "teach")
+    monkeypatch.setenv("MULTIGPU_GRADING_CORES", "1")
+    c = types.SimpleNamespace()
+
+    class Section(types.SimpleNamespace):
+        pass
+
+    for name in ("JupyterHub", "ConfigurableHTTPProxy", "PAMAuthenticator", "Authenticator", "Spawner"):
+        setattr(c, name, Section())
+    hubconfig.configure(c)
+    assert c.JupyterHub.authenticator_class == "pam"
+    assert c.PAMAuthenticator.allowed_groups == {layout.LEARNERS_GROUP, layout.INSTRUCTORS_GROUP}
+    assert c.Authenticator.admin_users == {"teach"}
+    assert c.JupyterHub.spawner_class is hubconfig.WorkshopSpawner
+    assert c.JupyterHub.bind_url.startswith("http://127.0.0.1:")
+    assert Path(c.JupyterHub.db_url.removeprefix("sqlite:///")).parent == tmp_path / "state"
+    (service,) = c.JupyterHub.services
+    assert service["name"] == "grading" and service["command"][-1] == "multigpu.workshop.service"
+    learner_cores, grading_cores = limits.split_cores(reserved=1) if len(limits.os.sched_getaffinity(0)) > 1 else ([0], [0])
+    assert service["environment"]["MULTIGPU_GRADING_CORES_LIST"] == limits.cpulist(grading_cores)
+    env = hubconfig.server_env(layout.Hub(tmp_path), instructor=False)
+    assert env["JUPYTER_CONFIG_PATH"].split(":")[0] == str(tmp_path / "etc" / "learner")
+    assert env["JUPYTER_CONFIG_PATH"].endswith("jupyter/learner")
