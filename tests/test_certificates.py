@@ -1,12 +1,16 @@
-"""Certificates: keys outside the repo, signed records that reveal any tampering, a PDF, certify."""
+"""Certificates: keys outside the repo, signed records that reveal any tampering, a PDF, certify.
+
+The credential format, revocation and the other two verifiers: tests/test_openbadges.py."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
 
 from multigpu.grading import certificates as cert
+from multigpu.grading import openbadges
 
 RESULT = {  # what GradeResult.to_dict() gives for a passing submission (abridged)
     "passed": True, "score": 10, "max_score": 10,
@@ -48,6 +52,14 @@ def test_default_key_lives_outside_the_repository(monkeypatch, repo):
     assert repo.resolve() not in path.resolve().parents
 
 
+def test_the_record_carries_what_it_was_issued_for():
+    audited = dict(RESULT, source_sha256="ab" * 32, grader_version="grader 7")
+    record = cert.make_record("Ada", "ada", audited)
+    assert (record["source_sha256"], record["grader_version"]) == ("ab" * 32, "grader 7")
+    older = cert.make_record("Ada", "ada", RESULT)  # a result saved before the grader recorded them
+    assert older["source_sha256"] is None and older["grader_version"] is None
+
+
 def test_issued_certificate_verifies_and_states_the_measurements(tmp_path, key_pair):
     key, public = key_pair
     pdf, record = issue(tmp_path, key)
@@ -61,29 +73,40 @@ def test_issued_certificate_verifies_and_states_the_measurements(tmp_path, key_p
     assert cert.verify(pdf, public).record == ok.record  # the PDF's path works too
 
 
+def rewrite_claims(path, change) -> None:
+    """Change the credential's claims and keep its old signature (what a forger can do)."""
+    token = openbadges.token_of(path.read_text())
+    head, body, sig = token.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    change(claims)
+    body = base64.urlsafe_b64encode(json.dumps(claims, ensure_ascii=False).encode()).rstrip(b"=").decode()
+    path.write_text(json.dumps(openbadges.envelope(f"{head}.{body}.{sig}")))
+
+
 @pytest.mark.parametrize("field,value", [("name", "Mallory"), ("issued", "1999-01-01")])
 def test_a_changed_record_fails_verification(tmp_path, key_pair, field, value):
     key, public = key_pair
     _, path = issue(tmp_path, key)
-    data = json.loads(path.read_text())
-    data["record"][field] = value
-    path.write_text(json.dumps(data))
+    rewrite_claims(path, lambda c: c[openbadges.RECORD_TERM].__setitem__(field, value))
     with pytest.raises(cert.CertificateError, match="changed"):
         cert.verify(path, public)
 
 
 def test_every_single_changed_byte_is_detected(tmp_path, key_pair):
+    """Each character of the certificate's JWT, in turn, changed to the next base64url letter."""
     key, public = key_pair
     _, path = issue(tmp_path, key)
-    raw = path.read_bytes()
-    start = raw.index(b'"efficiency": 0.52') + len(b'"efficiency": 0.')
-    for pos in (start, start + 1):  # 0.52 -> 0.62 / 0.53
-        changed = bytearray(raw)
-        changed[pos] = ord("6") if raw[pos] != ord("6") else ord("7")
-        path.write_bytes(bytes(changed))
+    raw = path.read_text()
+    start = raw.index(openbadges.ENVELOPE_PREFIX) + len(openbadges.ENVELOPE_PREFIX)
+    end = raw.index('"', start)
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    for pos in range(start, end):
+        if raw[pos] == ".":
+            continue
+        path.write_text(raw[:pos] + letters[(letters.index(raw[pos]) + 1) % 64] + raw[pos + 1:])
         with pytest.raises(cert.CertificateError):
             cert.verify(path, public)
-    path.write_bytes(raw)
+    path.write_text(raw)
     cert.verify(path, public)
 
 
@@ -118,7 +141,16 @@ def test_certify_issues_only_to_students_who_passed_both_parts(tmp_path, key_pai
     url = f"sqlite:///{tmp_path / 'gradebook.db'}"
     people = {  # student: (assessment points of 10, lab points of 10, official result passed)
         "ada": (10, 8, True), "bob": (7, 10, False), "cy": (10, 3, True), "dee": (10, 10, False),
-        "eve": (10, 10, True), "fay": (10, 10, None),
+        "eve": (10, 10, True), "fay": (10, 10, None), "gus": (10, 10, True), "hal": (10, 10, True),
+        "ivy": (10, 10, True),
+    }
+    flag = {"kind": "collective", "line": 42, "code": "hvd.allreduce(torch.zeros(3))", "why": "not the gradients"}
+    reviews = {  # the grader held these passes for review; a person decided on two of them
+        "gus": {"flags": [flag], "held": True, "decision": None},
+        "hal": {"flags": [flag], "held": True,
+                "decision": {"approved": True, "by": "instructor", "reason": "a metric, not a gradient"}},
+        "ivy": {"flags": [flag], "held": True,
+                "decision": {"approved": False, "by": "instructor", "reason": "all-reduces zeros"}},
     }
     with Gradebook(url) as gb:
         for assignment, nb, cell in (("assessments", "assessment", "t1"), ("notebooks", "01-lab", "t2")):
@@ -141,12 +173,17 @@ def test_certify_issues_only_to_students_who_passed_both_parts(tmp_path, key_pai
         if passed is not None:  # the official result, from the grader's own sandboxed run
             (grading / "results").mkdir(exist_ok=True)
             (grading / "results" / f"{sid}.json").write_text(
-                json.dumps(dict(RESULT, passed=passed, sandboxed=sid != "eve")))
+                json.dumps(dict(RESULT, passed=passed, sandboxed=sid != "eve", source_sha256=sid * 4,
+                                grader_version="grader 7", review=reviews.get(sid))))
     decisions = {d.student: d for d in cert.certify(url, grading, tmp_path / "certs", key=key)}
-    assert [s for s, d in decisions.items() if d.certified] == ["ada"], {s: d.reason for s, d in decisions.items()}
+    assert [s for s, d in decisions.items() if d.certified] == ["ada", "hal"], {s: d.reason for s, d in decisions.items()}
     assert "not passed" in decisions["bob"].reason and "labs" in decisions["cy"].reason
     assert "official result does not say passed" in decisions["dee"].reason
     assert "sandbox" in decisions["eve"].reason, "an unsandboxed grading never certifies"
     assert "no official result" in decisions["fay"].reason, "a file the notebook wrote is never read"
+    assert "held for review (line 42 (collective))" in decisions["gus"].reason, decisions["gus"].reason
+    assert cert.held_for_review(dict(RESULT, review=reviews["gus"])) and not cert.held_for_review(RESULT)
+    assert "rejected on review by instructor: all-reduces zeros" in decisions["ivy"].reason, decisions["ivy"].reason
     json_file = next(f for f in decisions["ada"].files if f.suffix == ".json")
-    assert cert.verify(json_file, public).record["name"] == "Ada Test"
+    record = cert.verify(json_file, public).record
+    assert (record["name"], record["source_sha256"], record["grader_version"]) == ("Ada Test", "adaadaadaada", "grader 7")

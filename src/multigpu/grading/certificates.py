@@ -1,18 +1,26 @@
-"""Signed, verifiable certificates of the final assessment.
+"""Signed, verifiable certificates of the final assessment, as Open Badges 3.0 credentials.
 
-A certificate is two files: ``<id>.pdf`` for people, and ``<id>.json`` for machines: the record
-(name, course, date, the grader's measurements and thresholds, the PDF's SHA-256) and an
-Ed25519 signature over it. ``multigpu verify CERT.json --public-key course-key.pub`` checks both:
-any changed byte of the record or of the PDF, or a signature by another key, is reported.
+A certificate is two files: ``<id>.pdf`` for people, and ``<id>.json`` for machines: an Open
+Badges 3.0 credential (:mod:`multigpu.grading.openbadges`) signed with the course's Ed25519 key,
+which states the record (name, course, date, the grader's measurements and thresholds, the
+graded source's SHA-256 and the grader's version, the PDF's SHA-256) and points to the course's
+revocation list (:mod:`multigpu.grading.status_list`). ``multigpu verify CERT.json --public-key
+course-key.pub`` checks all of it: any changed byte of the credential or of the PDF, or a signature
+by another key, is reported, and so is a revoked certificate, with the reason. Other tools read
+the same file: any Open Badges 3.0 verifier that fetches the course's published key, and the
+course's static page ``verify.html`` (``multigpu publish-issuer``).
 
 The course key lives OUTSIDE the repository (default ``~/.config/multigpu/course-key``, or
-``$MULTIGPU_COURSE_KEY``), readable by its owner only; only ``course-key.pub`` is shared.
+``$MULTIGPU_COURSE_KEY``), readable by its owner only; only ``course-key.pub`` is shared. The
+certificates folder keeps the issuer's book (``issuer-state.json``: which certificate has which
+index of the status list, the revocations) and the signed list itself (``status-list.jwt``).
 
 :func:`certify` is what ``make certificates`` runs after ``make autograde``: a certificate for
 each student whose assessment has full marks in the gradebook, whose labs reach
 :data:`LABS_REQUIRED` of their points, and whose official result (``grading/results/<id>.json``,
 written by :mod:`multigpu.grading.official` from the grader's own sandboxed run, outside any
-notebook) says passed, sandboxed, on a real profile. Nothing a submission wrote is read.
+notebook) says passed, sandboxed, on a real profile, and not held for review unless a person
+approved it. Nothing a submission wrote is read.
 """
 
 from __future__ import annotations
@@ -27,23 +35,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from multigpu.course import layout
+from multigpu.grading import openbadges, status_list
 
 COURSE = "Training Deep Learning Models on Multiple GPUs"
-FORMAT = "multigpu-certificate/1"
 #: Fraction of the lab points (assignment ``notebooks``) a certificate also requires.
 LABS_REQUIRED = 0.6
+#: Where the course hosts its issuer files when nobody said (``python -m http.server`` in the
+#: folder ``multigpu publish-issuer`` wrote): enough to try the course out, not for certificates
+#: others check; ``--issuer-url`` or ``$MULTIGPU_ISSUER_URL`` names the real address.
+LOCAL_ISSUER_URL = "http://localhost:8000"
 
-__all__ = ["COURSE", "CertificateError", "certify", "default_key_path", "issue", "keygen",
-           "load_private_key", "make_record", "verify"]
+__all__ = ["COURSE", "CertificateError", "Revoked", "certify", "default_key_path", "issue", "keygen",
+           "held_for_review", "load_private_key", "make_record", "publish_issuer", "resolve_issuer_url", "revoke",
+           "verify"]
 
 
 class CertificateError(ValueError):
     """A certificate that does not verify; the message says why."""
+
+
+class Revoked(CertificateError):
+    """A certificate whose signature holds but that the course revoked."""
+
+    def __init__(self, record: dict[str, Any], revocation: dict[str, str]):
+        self.record, self.revocation = record, revocation
+        super().__init__(f"certificate {record['id']} ({record['name']}) was REVOKED on "
+                         f"{revocation.get('revoked', '?')}: {revocation.get('reason', 'no reason given')}")
 
 
 # ----------------------------------------------------------------------------- keys
@@ -115,14 +136,16 @@ def load_public_key(path_or_text: str | os.PathLike) -> Ed25519PublicKey:
 
 
 def make_record(name: str, student: str, result: dict[str, Any], labs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What a certificate states, from a grader result (``GradeResult.to_dict()``)."""
+    """What a certificate states, from a grader result (``GradeResult.to_dict()``): the
+    measurements, and what it was issued for (the graded source's SHA-256, the grader's version;
+    ``None`` in results saved before the grader recorded them)."""
     s, m = result.get("settings", {}), result.get("measurements", {})
     return {
         "course": COURSE,
         "name": name,
         "student": student,
         "issued": _dt.date.today().isoformat(),
-        "id": uuid.uuid4().hex[:16],
+        "id": str(uuid.uuid4()),
         "assessment": {
             "passed": bool(result.get("passed")),
             "score": result.get("score"),
@@ -137,12 +160,10 @@ def make_record(name: str, student: str, result: dict[str, Any], labs: dict[str,
             "thresholds": {"accuracy": s.get("accuracy"), "time_budget_s": s.get("time_budget_s"),
                            "efficiency": s.get("efficiency"), "epochs_held": s.get("epochs_held")},
         },
+        "source_sha256": result.get("source_sha256"),
+        "grader_version": result.get("grader_version"),
         "labs": labs,
     }
-
-
-def _canonical(record: dict[str, Any]) -> bytes:
-    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _pdf(record: dict[str, Any], path: Path) -> None:
@@ -192,8 +213,8 @@ def _pdf(record: dict[str, Any], path: Path) -> None:
     pdf.set_y(170)
     pdf.set_font("DejaVu", "", 10)
     pdf.cell(0, 6, f"Issued {record['issued']} · certificate {record['id']}", align="C", new_x="LMARGIN", new_y="NEXT")
-    pdf.cell(0, 6, f"Verify: multigpu verify {record['id']}.json --public-key course-key.pub "
-             "(the JSON record is signed with the course's Ed25519 key)", align="C")
+    pdf.cell(0, 6, f"Verify {record['id']}.json (an Open Badges 3.0 credential signed with the course's Ed25519 key) "
+             "on the course's verify.html or with multigpu verify", align="C")
     pdf.output(str(path))
 
 
@@ -205,21 +226,56 @@ def _num(x: Any) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) else "n/a"
 
 
-def issue(record: dict[str, Any], key: Ed25519PrivateKey, outdir: str | os.PathLike) -> tuple[Path, Path]:
-    """Write ``outdir/<id>.pdf`` and the signed ``outdir/<id>.json``; returns ``(pdf, json)``."""
+def _status_token(registry: status_list.Registry, key: Ed25519PrivateKey) -> str:
+    """The registry's status list as a signed credential."""
+    issuer = openbadges.issuer_ref(registry.issuer_url, COURSE)
+    payload = status_list.list_credential(issuer, registry.list_url, registry.revocations(),
+                                          size=registry.state["size"])
+    valid_from = _dt.datetime.fromisoformat(payload["validFrom"].replace("Z", "+00:00"))
+    payload.update(iss=issuer["id"], jti=registry.list_url, nbf=int(valid_from.timestamp()))
+    return openbadges.sign(payload, key, issuer_url=registry.issuer_url)
+
+
+def _write_status(registry: status_list.Registry, key: Ed25519PrivateKey) -> Path:
+    path = registry.folder / status_list.LIST_FILE
+    path.write_text(_status_token(registry, key) + "\n", encoding="utf-8")
+    return path
+
+
+def resolve_issuer_url(folder: str | os.PathLike, given: str | None = None) -> str:
+    """The address the credentials of ``folder`` point to: the one its registry recorded, else
+    ``given``, else ``$MULTIGPU_ISSUER_URL``, else :data:`LOCAL_ISSUER_URL`."""
+    try:
+        return status_list.Registry.open(folder, given).issuer_url
+    except status_list.StatusError as e:
+        if (Path(folder) / status_list.STATE_FILE).exists():
+            raise CertificateError(str(e)) from None
+    return (given or os.environ.get("MULTIGPU_ISSUER_URL") or LOCAL_ISSUER_URL).rstrip("/")
+
+
+def issue(record: dict[str, Any], key: Ed25519PrivateKey, outdir: str | os.PathLike, *,
+          issuer_url: str | None = None, issuer_dir: str | os.PathLike | None = None) -> tuple[Path, Path]:
+    """Write ``outdir/<id>.pdf`` and the signed credential ``outdir/<id>.json``; returns
+    ``(pdf, json)``. The credential gets the next index of the status list kept in ``issuer_dir``
+    (default ``outdir``): every certificate of one issuer address must come from one such folder,
+    or two lists would claim the same address."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
+    issuer_dir = Path(issuer_dir) if issuer_dir else outdir
+    registry = status_list.Registry.open(issuer_dir, resolve_issuer_url(issuer_dir, issuer_url))
     pdf = outdir / f"{record['id']}.pdf"
     _pdf(record, pdf)
     signed = dict(record, pdf={"file": pdf.name, "sha256": hashlib.sha256(pdf.read_bytes()).hexdigest()})
-    doc = {
-        "format": FORMAT,
-        "record": signed,
-        "signature": base64.b64encode(key.sign(_canonical(signed))).decode(),
-        "public_key": _public_text(key.public_key()),
-    }
+    try:
+        index = registry.allocate(record["id"])
+    except status_list.StatusError as e:
+        raise CertificateError(str(e)) from None
+    payload = openbadges.credential(signed, issuer_url=registry.issuer_url, course=COURSE,
+                                    status=status_list.entry(registry.list_url, index))
+    token = openbadges.sign(payload, key, issuer_url=registry.issuer_url)
     path = outdir / f"{record['id']}.json"
-    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(openbadges.envelope(token), indent=2) + "\n", encoding="utf-8")
+    _write_status(registry, key)
     return pdf, path
 
 
@@ -228,6 +284,8 @@ class Verified:
     record: dict[str, Any]
     pdf_checked: bool
     path: Path
+    status: str  # what the status list said, or why it was not checked
+    credential: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> str:
         a = self.record["assessment"]
@@ -235,30 +293,64 @@ class Verified:
         return (f"VALID certificate {self.record['id']}: {self.record['name']}, '{self.record['course']}', issued "
                 f"{self.record['issued']}; accuracy {_pct(a['accuracy'])}, throughput "
                 f"{_num(a['throughput_images_per_s'])} images/s ({_num(a['efficiency'])} x ideal, "
-                f"{a['hardware_mode']} mode); {pdf}")
+                f"{a['hardware_mode']} mode); {pdf}; {self.status}")
 
 
-def verify(path: str | os.PathLike, public_key: str | os.PathLike) -> Verified:
+def _read_credential(path: Path, trusted: Ed25519PublicKey) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The verified credential in ``path`` and the record it states."""
+    try:
+        token = openbadges.token_of(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, AttributeError) as e:
+        raise CertificateError(f"{path} is not a certificate of this course ({e})") from None
+    try:
+        _, payload = openbadges.verify_token(token, trusted)
+    except openbadges.CredentialError as e:
+        raise CertificateError(f"{path}: {e}") from None
+    record = payload.get(openbadges.RECORD_TERM)
+    if "OpenBadgeCredential" not in (payload.get("type") or []) or not isinstance(record, dict):
+        raise CertificateError(f"{path} is signed by the course but is not one of its certificates")
+    return payload, record
+
+
+def _status(credential: dict[str, Any], record: dict[str, Any], list_file: Path | None,
+            trusted: Ed25519PublicKey) -> str:
+    """Check the credential against the course's status list; raise :class:`Revoked` if its bit is set."""
+    entry = credential.get("credentialStatus") or {}
+    if entry.get("type") != "BitstringStatusListEntry" or entry.get("statusPurpose") != status_list.PURPOSE:
+        raise CertificateError("the credential names no revocation status list")
+    if list_file is None or not list_file.exists():
+        return (f"revocation NOT checked: no status list given (--status-list {status_list.LIST_FILE}, "
+                f"published at {entry.get('statusListCredential')})")
+    try:
+        _, listed = openbadges.verify_token(list_file.read_text(encoding="utf-8"), trusted)
+    except (OSError, openbadges.CredentialError) as e:
+        raise CertificateError(f"the status list {list_file} does not verify ({e})") from None
+    if listed.get("id") != entry.get("statusListCredential"):
+        raise CertificateError(f"{list_file} is the status list {listed.get('id')}, not the credential's "
+                               f"{entry.get('statusListCredential')}")
+    subject = listed.get("credentialSubject") or {}
+    try:
+        index = int(entry["statusListIndex"])
+        revoked = status_list.is_set(status_list.decode(subject.get("encodedList")), index)
+    except (KeyError, ValueError) as e:
+        raise CertificateError(f"the status list cannot be read ({e})") from None
+    if revoked:
+        why = next((r for r in subject.get("revocations") or [] if r.get("statusListIndex") == str(index)), {})
+        raise Revoked(record, why)
+    return f"not revoked (status list of {listed.get('validFrom')})"
+
+
+def verify(path: str | os.PathLike, public_key: str | os.PathLike, *,
+           status_list_file: str | os.PathLike | None = None) -> Verified:
     """Check a certificate (its ``.json``, or the ``.pdf`` next to it) against the course's public
-    key. Raises :class:`CertificateError` saying what is wrong."""
+    key, and against the status list (``status_list_file``, else ``status-list.jwt`` next to the
+    certificate). Raises :class:`CertificateError` saying what is wrong, :class:`Revoked` for a
+    revoked one."""
     path = Path(path)
     if path.suffix.lower() == ".pdf":
         path = path.with_suffix(".json")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        record, signature = doc["record"], base64.b64decode(doc["signature"], validate=True)
-        if doc.get("format") != FORMAT or not isinstance(record, dict):
-            raise ValueError("unknown format")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CertificateError(f"{path} is not a certificate of this course ({e})") from None
     trusted = load_public_key(public_key)
-    try:
-        trusted.verify(signature, _canonical(record))
-    except InvalidSignature:
-        if doc.get("public_key") != _public_text(trusted):
-            raise CertificateError(f"{path} was signed with a different key than the course's "
-                                   f"({doc.get('public_key')}): it is not issued by this course") from None
-        raise CertificateError(f"{path}: the record was changed after it was signed (the signature does not match)") from None
+    credential, record = _read_credential(path, trusted)
     pdf_checked = False
     pdf_info = record.get("pdf") or {}
     pdf = path.with_name(pdf_info.get("file", path.stem + ".pdf"))
@@ -266,7 +358,31 @@ def verify(path: str | os.PathLike, public_key: str | os.PathLike) -> Verified:
         if hashlib.sha256(pdf.read_bytes()).hexdigest() != pdf_info.get("sha256"):
             raise CertificateError(f"{pdf} was changed: the PDF is not the one that was issued with this record")
         pdf_checked = True
-    return Verified(record, pdf_checked, path)
+    list_file = Path(status_list_file) if status_list_file else path.with_name(status_list.LIST_FILE)
+    status = _status(credential, record, list_file, trusted)
+    return Verified(record, pdf_checked, path, status, credential)
+
+
+def revoke(folder: str | os.PathLike, certificate_id: str, reason: str, key: Ed25519PrivateKey) -> Path:
+    """Revoke a certificate issued from ``folder``: its bit set, the reason recorded, the status
+    list signed again. Returns the status list file (publish it: ``multigpu publish-issuer``)."""
+    try:
+        registry = status_list.Registry.open(folder)
+        registry.revoke(certificate_id, reason)
+    except status_list.StatusError as e:
+        raise CertificateError(str(e)) from None
+    return _write_status(registry, key)
+
+
+def publish_issuer(outdir: str | os.PathLike, folder: str | os.PathLike, key: Ed25519PrivateKey) -> list[Path]:
+    """Write the files the course hosts (issuer profile, keys, status list, verification page)
+    for the certificates issued from ``folder``."""
+    try:
+        registry = status_list.Registry.open(folder)
+    except status_list.StatusError as e:
+        raise CertificateError(f"{e}: issue certificates first (multigpu certify)") from None
+    return openbadges.publish(outdir, issuer_url=registry.issuer_url, course=COURSE, key=key,
+                              status_token=_status_token(registry, key), public_text=_public_text(key.public_key()))
 
 
 # ----------------------------------------------------------------------------- certify a workshop
@@ -290,8 +406,16 @@ def _score(gb: Any, assignment: str, student: str) -> tuple[float, float] | None
     return float(sub.score), float(sub.max_score)
 
 
+def held_for_review(result: dict[str, Any]) -> str:
+    """Why a passing result is held back for review ("" when nothing holds it)."""
+    from multigpu.grading import official
+
+    return official.withheld(result)
+
+
 def certify(db_url: str, grading: str | os.PathLike, outdir: str | os.PathLike, *,
-            key: Ed25519PrivateKey, labs_required: float = LABS_REQUIRED) -> list[Decision]:
+            key: Ed25519PrivateKey, labs_required: float = LABS_REQUIRED,
+            issuer_url: str | None = None) -> list[Decision]:
     """Decide, for every student in the gradebook, and issue certificates to those who qualify.
     ``grading`` is the course's grading folder, whose ``results/`` hold the official results."""
     from nbgrader.api import Gradebook
@@ -323,6 +447,9 @@ def certify(db_url: str, grading: str | os.PathLike, outdir: str | os.PathLike, 
                                                       "(it grades every train.py in the sandbox)"))
                 continue
             profile = (result.get("settings") or {}).get("profile")
+            if result.get("withheld"):  # a pass held for review that no person approved
+                decisions.append(Decision(sid, False, result["withheld"]))
+                continue
             if not result.get("passed"):
                 decisions.append(Decision(sid, False, "the official result does not say passed (gradebook and "
                                                       f"{result_file.name} disagree: re-run make autograde)"))
@@ -337,6 +464,6 @@ def certify(db_url: str, grading: str | os.PathLike, outdir: str | os.PathLike, 
                 continue
             record = make_record(name, sid, result, labs={"score": labs[0], "max_score": labs[1],
                                                           "required_fraction": labs_required})
-            pdf, js = issue(record, key, outdir)
+            pdf, js = issue(record, key, outdir, issuer_url=issuer_url)
             decisions.append(Decision(sid, True, "assessment passed, labs done", [pdf, js]))
     return decisions
