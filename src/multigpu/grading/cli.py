@@ -10,6 +10,7 @@
     multigpu calibrate                  pass counts of the reference and the broken variants
     multigpu regrade RESULT             grade an official result's kept source again: does the verdict hold?
     multigpu review [STUDENT] [--approve|--reject REASON]   the passes held for review
+    multigpu similarity [--threshold F] pairs of collected assessments that share more than the starter
 """
 
 from __future__ import annotations
@@ -252,6 +253,18 @@ def cmd_review(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_similarity(args: argparse.Namespace) -> int:
+    from multigpu.grading import similarity
+
+    found, out = similarity.report(args.grading, args.threshold)
+    for p in found:
+        print(f"{p.a:20s} {p.b:20s} {p.similarity:.0%} shared ({p.a} {p.similarity_a:.0%}, {p.b} {p.similarity_b:.0%}, "
+              f"{p.tokens} tokens)")
+    print(f"{len(found)} pair(s) at or above {args.threshold:.0%} of the code outside the starter (a lead for a "
+          f"person, not a verdict); written to {out}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from multigpu.grading.certificates import default_key_path
 
@@ -324,3 +337,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     decide.add_argument("--approve", metavar="REASON", default=None, help="release the hold: the pass may be certified")
     decide.add_argument("--reject", metavar="REASON", default=None, help="keep the hold: no certificate")
     p.set_defaults(func=cmd_review)
+
+    from multigpu.grading.similarity import THRESHOLD
+
+    p = sub.add_parser("similarity", help="pairs of collected assessments that share more than the starter")
+    p.add_argument("--grading", type=Path, default=Path("grading"), help="the course's grading folder")
+    p.add_argument("--threshold", type=float, default=THRESHOLD,
+                   help=f"shared fraction of either one's code outside the starter (default {THRESHOLD})")
+    p.set_defaults(func=cmd_similarity)
