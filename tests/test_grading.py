@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from multigpu import launch
-from multigpu.grading import grader, rules, runner, variants
+from multigpu.grading import audit, grader, rules, runner, variants
 
 QUICK = rules.QUICK
 BROKEN_SETTINGS = QUICK.replace(workers=2, baseline_repeats=0, time_budget_s=150.0)
@@ -533,7 +533,7 @@ def test_an_index_listed_twice_fails_sharded_and_counts_as_one_image(tmp_path):
 
 
 def test_an_efficiency_above_the_ideal_is_never_a_pass(tmp_path):
-    root, size = _quick_train_root()
+    _, size = _quick_train_root()
     ckpts = _fake_run(tmp_path, {r: list(range(r, size, 2)) for r in (0, 1)})
     loaded = {k: grader.load_checkpoint(p) for k, p in ckpts.items()}
     rec = runner.RunRecord(command=[], returncode=0, wall_s=10, epoch_times={1: 4.0, 2: 8.0})
@@ -591,3 +591,28 @@ def test_an_allreduce_counts_only_in_horovods_format(tmp_path):
     bare = [e for i, e in enumerate(bare) if not (e.get("ph") == "E" and "args" not in e)]
     assert grader.gradient_allreduce_rounds(bare, weights) == (0, 0)
     assert grader.timeline_file(tmp_path) != grader.timeline_file(tmp_path)  # a name no script can know
+
+
+@pytest.mark.parametrize("name", ["duplicate_indices", "timeline_forger", "zero_allreduce"])
+def test_the_forgeries_of_issue_31_are_failed_or_held_never_certified(name, tmp_path):
+    """(b) every rank trains on all the data and lists each index of a disjoint shard `workers`
+    times: sharded fails. (a) torch DDP whose rank 0 writes a Horovod-format timeline (real step
+    times): the run may fit, the source is flagged. (c) each rank trains alone, zeros shaped like
+    the gradients all-reduced every step, rank 0's weights broadcast before each save: flagged."""
+    if name == "duplicate_indices":  # every rank on all the data: one epoch, time to spare on a busy machine
+        result = _grade(name, tmp_path, BROKEN_SETTINGS.replace(time_budget_s=300.0), args=("--epochs", "1"))
+    else:
+        result = _grade(name, tmp_path)
+    assert result.ok("workers"), result.message("workers")
+    assert not (result.passed and not result.held), result.report()
+    kinds = {f["kind"] for f in result.review["flags"]}
+    if name == "duplicate_indices":
+        c = result.criteria["sharded"]
+        assert not c.passed and "more than once" in c.message, c.message
+    elif name == "timeline_forger":
+        assert {"timeline", "framework"} <= kinds, result.review
+    else:
+        assert "collective" in kinds, result.review
+        assert result.measurements["horovod_gradient_rounds_per_epoch"] > 0  # the zeros are real all-reduces
+    assert result.review["held"] == (result.passed and bool(kinds))
+    assert result.source_sha256 == audit.sha256((tmp_path / f"{name}.py").read_bytes())

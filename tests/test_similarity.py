@@ -64,7 +64,7 @@ def test_the_instructor_gets_the_pairs_of_the_collected_cohort(tmp_path):
         (grading / "submitted" / student / "assessments").mkdir(parents=True)
         (grading / "submitted" / student / "assessments" / "train.py").write_text(text)
     out = subprocess.run([sys.executable, "-m", "multigpu.cli", "similarity", "--grading", str(grading)],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, check=False, timeout=300)
     assert out.returncode == 0 and "alice" in out.stdout and "1 pair(s)" in out.stdout, out
     saved = json.loads((grading / "results" / "similarity.json").read_text())
     assert [(p["a"], p["b"]) for p in saved["pairs"]] == [("alice", "bob")]

@@ -20,11 +20,18 @@ What it does, in order (nothing the script prints or writes as a metric is trust
 4. Loads every ``rank-<R>-epoch-<E>.pt`` with ``weights_only=True`` (no code from a
    submission runs in the grader) and checks: every rank saved every epoch; weights identical
    across ranks AND gradients averaged by Horovod (the timeline Horovod's rank 0 wrote where the
-   grader's ``HOROVOD_TIMELINE`` said must show about one complete round of gradient
-   all-reduces per step: :func:`horovod_averaging`); disjoint shards that cover the training set (counted only when the gradients were
-   averaged); its own held-out accuracy of the weights, on a held-out set generated afresh in
-   the grader's private folder; throughput from the checkpoints' arrival times against the
-   baseline (re-measured, or "too noisy" instead of a verdict, when the baselines disagree).
+   grader's ``HOROVOD_TIMELINE`` said, under a name drawn for this grading, must show about one
+   complete round of gradient all-reduces per step in Horovod's format, started inside the run
+   and ended before its last checkpoints by the grader's clock: :func:`horovod_averaging`);
+   disjoint shards that cover the training set, no rank listing an index twice (counted only
+   when the gradients were averaged); its own held-out accuracy of the weights, on a held-out
+   set generated afresh in the grader's private folder; throughput from the checkpoints'
+   arrival times and the DISTINCT indices of each epoch against the baseline (re-measured, or
+   "too noisy" instead of a verdict, when the baselines disagree; above
+   :data:`rules.MAX_TRUSTED_EFFICIENCY` x ideal a measurement it does not trust, never a pass).
+5. Reads the source for what no check inside the run can prove (:mod:`multigpu.grading.review`):
+   a flagged pass is held for a person's review. The result records the source's SHA-256 and
+   the grader's version (:mod:`multigpu.grading.audit`).
 
 Each criterion gets its points or zero, with a message that says what failed and what to do.
 """
@@ -319,8 +326,8 @@ def gradient_round_ends(events: Sequence[Any], weights: dict[str, torch.Tensor])
         if shape in wanted:
             ends[shape].append(float(ts) if isinstance(ts, (int, float)) and math.isfinite(ts) else math.inf)
     rounds = min(len(ends[s]) // k for s, k in wanted.items())
-    for s in ends:
-        ends[s].sort()
+    for times in ends.values():
+        times.sort()
     round_ends = [max(ends[s][(j + 1) * k - 1] for s, k in wanted.items()) for j in range(rounds)]
     return round_ends, sum(len(v) for v in ends.values())
 

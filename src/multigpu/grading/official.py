@@ -167,7 +167,7 @@ def decide(grading: str | os.PathLike, student: str, *, approve: bool, reason: s
     if not (result.get("review") or {}).get("held"):
         raise ValueError(f"{student}'s result is not held for review")
     decision = {"approved": approve, "reason": reason.strip(), "by": by or getpass.getuser(),
-                "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                 "source_sha256": result.get("source_sha256")}
     result["review"]["decision"] = decision
     tmp = path.with_suffix(".tmp")

@@ -303,7 +303,7 @@ def _outside_read(call: ast.Call, assigned: dict[str, list[ast.AST]]) -> str:
         for x in ast.walk(node):
             if isinstance(x, ast.Constant) and isinstance(x.value, str):
                 v = x.value
-                if v.startswith(("/", "~")) or ".." in v.split("/") or v.startswith("\\"):
+                if v.startswith(("/", "~", "\\")) or ".." in v.split("/"):
                     return f"reads {v!r}: outside the script's folder and the data set"
                 if v.isupper() and v not in CONTRACT_VARS and _reads_environment(x):
                     return f"reads a path from the environment ({v}): only the contract's variables name data"

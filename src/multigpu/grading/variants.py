@@ -40,7 +40,23 @@ variant                       what it does                                      
                               horovodrun gives each worker: it trains correctly
                               (identical weights, sharded data, gradients
                               averaged by DDP), but Horovod averaged nothing
+``duplicate_indices``         every rank trains on ALL the data (gradients       sharded
+                              averaged) and reports a disjoint quarter, each
+                              index listed ``workers`` times (issue 31, b)
+``timeline_forger``           ``ddp_under_horovodrun`` whose rank 0 writes, after review (held, or
+                              training, a timeline in Horovod's format at the    identical where its
+                              times its steps really ended (issue 31, a)         clock does not fit)
+``zero_allreduce``            ``never_averaged`` that also all-reduces zero      review (held)
+                              tensors shaped like the gradients every step: real
+                              Horovod all-reduces, thrown away (issue 31, c)
 ============================  =================================================  ==================
+
+"review": no check inside the run can prove what was all-reduced or who wrote the timeline; the
+source raises review flags (:mod:`multigpu.grading.review`), so a pass is held for a person, never
+certified on its own.
+
+Honest conversions (:data:`HONEST`): other batch sizes, learning rates, square-root scaling,
+warm-ups, epochs, Adam, fp16 compression, averaged metrics. Review never flags them.
 
 Failure cases (:data:`FAILURE_CASES`: no cheats; the grader must survive them and fail
 ``workers`` with a message that says what happened, within bounded time and output; the tests
