@@ -129,8 +129,9 @@ def test_pin_worker_puts_every_thread_of_a_worker_on_its_own_core():
     assert int(core) == cores[1], "local rank 1 runs on the second core"
     assert cpus == f"[{cores[1]}] [{cores[1]}] [{cores[1]}]", \
         "the main thread, a thread started before the pin and one started after all run on that core"
-    core, cpus = _pin(2, 4)
-    assert int(core) == cores[0], "with more workers than cores, local rank 2 shares the first core"
+    n = len(cores)
+    core, cpus = _pin(n, n + 2)
+    assert int(core) == cores[0], f"with more workers than cores, local rank {n} shares the first core"
 
 
 def test_pin_worker_leaves_single_workers_and_opted_out_runs_alone():
