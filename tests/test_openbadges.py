@@ -21,12 +21,14 @@ from pathlib import Path
 import jwt
 import pytest
 
+from conftest import REPO
 from multigpu.cli import main
 from multigpu.grading import certificates as cert
 from multigpu.grading import openbadges, status_list
 from test_certificates import RESULT
 
 ISSUER_URL = "https://multigpu-course.example.org/issuer"
+SHOTS = REPO / "screenshots" / "verify-page"  # gitignored: for a person to look at
 AUDITED = dict(RESULT, source_sha256="5" * 64, grader_version="multigpu 0.1.0 grader 7")
 B64URL = string.ascii_letters + string.digits + "-_"
 
@@ -131,8 +133,9 @@ def browser():
             chromium.close()
 
 
-def page_verdict(browser, site: Path, *files: Path) -> tuple[str, str]:
-    """Open the published page from disk, give it the files, read its verdict and details."""
+def page_verdict(browser, site: Path, *files: Path, shot: str | None = None) -> tuple[str, str]:
+    """Open the published page from disk, give it the files, read its verdict and details
+    (and leave a screenshot named ``shot``)."""
     context = browser.new_context()
     requests: list[str] = []
     context.on("request", lambda r: requests.append(r.url))
@@ -142,12 +145,15 @@ def page_verdict(browser, site: Path, *files: Path) -> tuple[str, str]:
         tab.on("pageerror", lambda e: errors.append(str(e)))
         tab.goto((site / "verify.html").as_uri())
         tab.set_input_files("#files", [str(f) for f in files])
-        tab.wait_for_function("document.getElementById('verdict').dataset.state !== 'idle'", timeout=30_000)
+        # selectors, not wait_for_function: the page's Content-Security-Policy forbids eval
+        tab.wait_for_selector('#verdict:not([data-state="idle"])', timeout=30_000)
         state = tab.get_attribute("#verdict", "data-state")
+        if shot:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            tab.screenshot(path=str(SHOTS / f"{shot}.png"), full_page=True)
         text = tab.inner_text("#verdict") + "\n" + tab.inner_text("#details")
         assert not errors, errors
-        assert tab.evaluate("document.querySelectorAll('#details img, #details script').length") == 0, \
-            "a certificate's text became markup"
+        assert tab.locator("#details img, #details script").count() == 0, "a certificate's text became markup"
     finally:
         context.close()
     assert all(u.startswith("file:") for u in requests), f"the page went to the network: {requests}"
@@ -196,12 +202,13 @@ def test_the_published_key_is_the_course_key(issued):
 # ---------------------------------------------------------------------------- three verifiers
 
 
+@pytest.mark.slow
 def test_a_valid_certificate_verifies_with_all_three(issued, capsys, browser):
     verdict, text = multigpu_verdict(issued.valid, issued, capsys)
     assert verdict == "valid" and "not revoked" in text, text
     assert pyjwt_verdict(issued.valid, issued.published)[0] == "valid"
     pdf = issued.valid.with_suffix(".pdf")
-    state, shown = page_verdict(browser, issued.published, issued.valid, pdf)
+    state, shown = page_verdict(browser, issued.published, issued.valid, pdf, shot="valid")
     assert state == "valid", shown
     assert "Zoë <img src=x onerror=alert(1)>" in shown and "89.0%" in shown and "5" * 64 in shown, shown
     assert f"{pdf.name} matches" in shown and "not revoked" in shown, shown
@@ -221,12 +228,13 @@ def changed(path: Path, out: Path, segment: int, where: float) -> Path:
 
 @pytest.mark.parametrize("segment,where", [(0, 0.5), (1, 0.3), (1, 1.0), (2, 0.5), (2, 1.0)],
                          ids=["header", "payload", "payload-last", "signature", "signature-last"])
+@pytest.mark.slow
 def test_one_changed_character_fails_all_three(issued, capsys, browser, tmp_path, segment, where):
     bad = changed(issued.valid, tmp_path / issued.valid.name, segment, where)
     verdict, text = multigpu_verdict(bad, issued, capsys)
     assert verdict == "invalid" and "INVALID" in text, text
     assert pyjwt_verdict(bad, issued.published)[0] == "invalid"
-    state, shown = page_verdict(browser, issued.published, bad)
+    state, shown = page_verdict(browser, issued.published, bad, shot=f"changed-{segment}-{where}")
     assert state == "invalid" and shown.startswith("INVALID"), shown
 
 
@@ -246,6 +254,7 @@ def test_every_changed_character_fails_both_python_verifiers(issued, tmp_path):
             jwt.decode(bad, key, algorithms=["EdDSA"])
 
 
+@pytest.mark.slow
 def test_a_changed_claim_with_the_old_signature_fails_all_three(issued, capsys, browser, tmp_path):
     head, body, sig = token(issued.valid).split(".")
     claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
@@ -258,14 +267,16 @@ def test_a_changed_claim_with_the_old_signature_fails_all_three(issued, capsys, 
     assert page_verdict(browser, issued.published, bad)[0] == "invalid"
 
 
+@pytest.mark.slow
 def test_a_revoked_certificate_is_reported_revoked_with_its_reason_by_all_three(issued, capsys, browser):
     verdict, text = multigpu_verdict(issued.revoked, issued, capsys)
     assert verdict == "revoked" and issued.reason in text, text
     assert pyjwt_verdict(issued.revoked, issued.published) == ("revoked", issued.reason)
-    state, shown = page_verdict(browser, issued.published, issued.revoked)
+    state, shown = page_verdict(browser, issued.published, issued.revoked, shot="revoked")
     assert state == "revoked" and issued.reason in shown and "Mallory Test" in shown, shown
 
 
+@pytest.mark.slow
 def test_a_certificate_signed_with_another_key_fails_all_three(issued, capsys, browser, tmp_path):
     other, _ = cert.keygen(tmp_path / "other" / "key")
     _, forged = cert.issue(cert.make_record("Eve Forger", "eve", AUDITED), cert.load_private_key(other),
@@ -277,6 +288,7 @@ def test_a_certificate_signed_with_another_key_fails_all_three(issued, capsys, b
     assert state == "invalid" and "different key" in shown, shown
 
 
+@pytest.mark.slow
 def test_the_page_checks_a_dropped_pdf(issued, browser, tmp_path):
     pdf = tmp_path / issued.valid.with_suffix(".pdf").name
     pdf.write_bytes(issued.valid.with_suffix(".pdf").read_bytes() + b"\n")
@@ -284,6 +296,7 @@ def test_the_page_checks_a_dropped_pdf(issued, browser, tmp_path):
     assert state == "invalid" and "PDF" in shown, shown
 
 
+@pytest.mark.slow
 def test_the_unpublished_template_verifies_nothing(browser, tmp_path):
     (tmp_path / "verify.html").write_text(openbadges.page_template())
     context = browser.new_context()

@@ -238,7 +238,9 @@ def _status_token(registry: status_list.Registry, key: Ed25519PrivateKey) -> str
 
 def _write_status(registry: status_list.Registry, key: Ed25519PrivateKey) -> Path:
     path = registry.folder / status_list.LIST_FILE
-    path.write_text(_status_token(registry, key) + "\n", encoding="utf-8")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(_status_token(registry, key) + "\n", encoding="utf-8")
+    tmp.replace(path)
     return path
 
 
