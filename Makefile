@@ -178,7 +178,7 @@ LEARNERS   ?= 10
 HUB_ENV = MULTIGPU_HUB_ROOT=$(HUB_ROOT) MULTIGPU_HUB_IP=$(HUB_IP) MULTIGPU_HUB_PORT=$(HUB_PORT) \
           MULTIGPU_HUB_INSTRUCTORS=$(INSTRUCTOR) PATH=$(HUB_PREFIX)/bin:/usr/local/bin:/usr/bin:/bin
 
-.PHONY: hub hub-deps hub-learners hub-queue test-hub
+.PHONY: hub hub-deps hub-learners hub-queue hub-stop test-hub
 
 hub-deps: $(STAMP)
 	MULTIGPU_HUB_PREFIX=$(HUB_PREFIX) deploy/hub/install.sh
@@ -192,6 +192,10 @@ hub-learners: hub-deps
 
 hub-queue:
 	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop queue
+
+# after the workshop (the hub leaves the proxy and the servers running across its own restarts)
+hub-stop:
+	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop stop
 
 test-hub: $(STAMP)
 	MULTIGPU_QUICK=1 $(PY) -m pytest tests/test_workshop*.py -v

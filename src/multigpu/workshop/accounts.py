@@ -17,6 +17,7 @@ import os
 import pwd
 import re
 import secrets
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -32,8 +33,15 @@ class AccountError(RuntimeError):
     """An account cannot be made or removed; the message says why and what to do."""
 
 
+#: Where the account tools live (a hub's PATH may leave out the sbin folders).
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
 def _run(argv: list[str], stdin: str | None = None) -> None:
-    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True)
+    tool = shutil.which(argv[0], path=SYSTEM_PATH)
+    if tool is None:
+        raise AccountError(f"{argv[0]} not found in {SYSTEM_PATH}: workshop accounts need the system's user tools (passwd package)")
+    proc = subprocess.run([tool, *argv[1:]], input=stdin, capture_output=True, text=True)
     if proc.returncode != 0:
         raise AccountError(f"{argv[0]} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
 
@@ -137,7 +145,7 @@ def remove(login: str, group: str = layout.LEARNERS_GROUP) -> None:
         return
     if login not in members(group):
         raise AccountError(f"{login!r} is not a workshop account (not in group {group}): not removed")
-    subprocess.run(["pkill", "-KILL", "-u", login], capture_output=True)  # its servers and kernels
+    subprocess.run([shutil.which("pkill", path=SYSTEM_PATH) or "pkill", "-KILL", "-u", login], capture_output=True)  # its servers and kernels
     _run(["userdel", "--remove", login])
 
 

@@ -7,6 +7,7 @@
                                                   accounts and a sheet of logins and one-time passwords
     multigpu workshop remove-learners NAME... | --all
     multigpu workshop queue                       the grading queue, as the instructor sees it
+    multigpu workshop stop                        after the workshop: the proxy and every learner server
     multigpu workshop grade-job ID                one grading (the grading service runs it)
 
 Everything lives under ``$MULTIGPU_HUB_ROOT`` (default /srv/multigpu); run as root.
@@ -110,6 +111,35 @@ def cmd_queue(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Stop what a hub leaves running on purpose across its restarts: the proxy, the servers."""
+    import signal
+
+    import psutil
+
+    hub = Hub.default()
+    users = accounts.members(layout.LEARNERS_GROUP) | accounts.members(layout.INSTRUCTORS_GROUP)
+    procs = [p for p in psutil.process_iter(["username", "cmdline"])
+             if p.info["username"] in users and any("jupyterhub-singleuser" in a for a in p.info["cmdline"] or [])]
+    pidfile = hub.state / "proxy.pid"
+    if pidfile.exists():
+        try:
+            procs.append(psutil.Process(int(pidfile.read_text().strip())))
+        except (ValueError, psutil.NoSuchProcess):
+            pass
+        pidfile.unlink()
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    gone, alive = psutil.wait_procs(procs, timeout=20)
+    for p in alive:
+        p.kill()
+    print(f"stopped {len(procs)} process(es): the proxy and the users' servers")
+    return 0
+
+
 def cmd_grade_job(args: argparse.Namespace) -> int:
     from multigpu.workshop import grading, jobs
 
@@ -150,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_remove)
     p = sub.add_parser("queue", help="the grading queue")
     p.set_defaults(func=cmd_queue)
+    p = sub.add_parser("stop", help="stop the proxy and every user server a hub left running")
+    p.set_defaults(func=cmd_stop)
     p = sub.add_parser("grade-job", help="grade one job of the queue (the grading service runs this)")
     p.add_argument("id", type=int)
     p.set_defaults(func=cmd_grade_job)

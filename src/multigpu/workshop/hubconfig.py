@@ -89,6 +89,10 @@ class WorkshopSpawner(LocalProcessSpawner):  # type: ignore[misc,valid-type]
             self.default_url = "/lab"
         return await super().start()
 
+    async def stop(self, now: bool = False) -> None:
+        await super().stop(now=now)
+        limits.release(f"user-{self.user.name}")
+
     def make_preexec_fn(self, name: str) -> Any:
         become = super().make_preexec_fn(name)
         learner_cores, _grading = cores()

@@ -130,6 +130,16 @@ def confine(name: str, pid: int, *, cores: list[int], cpu_limit: float | None = 
     return applied
 
 
+def release(name: str) -> None:
+    """Remove the (empty) control group ``multigpu/name`` once its server has stopped."""
+    folders = [CGROUP / PARENT / name] if version() == 2 else [CGROUP / c / PARENT / name for c in ("cpu", "memory", "cpuset")]
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            pass  # absent, or a process is still in it: the next confine reuses it
+
+
 def usage(name: str) -> dict[str, float]:
     """CPU seconds and memory bytes used by the group ``multigpu/name`` so far (measurements)."""
     v = version()

@@ -29,6 +29,10 @@ SCAN_S = 2.0
 GRADING_TIMEOUT_S = 3600
 
 
+#: The grading child process now running (at most one), so a stop of the service stops it too.
+RUNNING: dict[int, Any] = {}
+
+
 def grading_cores() -> set[int] | None:
     given = os.environ.get("MULTIGPU_GRADING_CORES_LIST")
     return {int(c) for c in given.split(",")} if given else None
@@ -62,8 +66,12 @@ def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADI
     env = dict(os.environ, MULTIGPU_HUB_ROOT=str(hub.root))
     proc = launch.start([sys.executable, "-m", "multigpu.cli", "workshop", "grade-job", str(job.id)], env=env,
                         cores=grading_cores())
-    result = launch.supervise([proc], [f"job {job.id}"], timeout, echo=True, what=f"grading job {job.id}",
-                              raise_on_timeout=False)
+    RUNNING[job.id] = proc
+    try:
+            result = launch.supervise([proc], [f"job {job.id}"], timeout, echo=True, what=f"grading job {job.id}",
+                                  raise_on_timeout=False)
+    finally:
+        RUNNING.pop(job.id, None)
     after = queue.get(job.id)
     if after is not None and after.state == "running":
         code = result.returncodes[0]
@@ -197,8 +205,22 @@ def make_app(hub: Hub, queue: jobs.Queue) -> Any:
     ], cookie_secret=os.urandom(32))
 
 
+def stop(signum: int) -> None:
+    """The hub stops its services with SIGTERM: stop the grading under way with it (its job stays
+    ``running`` in the queue and is graded again from the start when the service is back)."""
+    from multigpu import launch
+
+    launch.kill_sessions(list(RUNNING.values()))
+    print(f"grading service stopped (signal {signum}); jobs under way run again at the next start", flush=True)
+    os._exit(128 + signum)
+
+
 async def main() -> None:
+    import signal
     from urllib.parse import urlparse
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop, sig)
 
     hub = Hub.default()
     queue = jobs.Queue(hub.queue_db, limit=int(os.environ.get("MULTIGPU_QUEUE_LIMIT") or jobs.QUEUE_LIMIT))
