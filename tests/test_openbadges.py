@@ -20,12 +20,12 @@ from pathlib import Path
 
 import jwt
 import pytest
-
 from conftest import REPO
+from test_certificates import RESULT
+
 from multigpu.cli import main
 from multigpu.grading import certificates as cert
 from multigpu.grading import openbadges, status_list
-from test_certificates import RESULT
 
 ISSUER_URL = "https://multigpu-course.example.org/issuer"
 SHOTS = REPO / "screenshots" / "verify-page"  # gitignored: for a person to look at

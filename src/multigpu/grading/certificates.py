@@ -49,9 +49,8 @@ LABS_REQUIRED = 0.6
 #: others check; ``--issuer-url`` or ``$MULTIGPU_ISSUER_URL`` names the real address.
 LOCAL_ISSUER_URL = "http://localhost:8000"
 
-__all__ = ["COURSE", "CertificateError", "Revoked", "certify", "default_key_path", "issue", "keygen",
-           "held_for_review", "load_private_key", "make_record", "publish_issuer", "resolve_issuer_url", "revoke",
-           "verify"]
+__all__ = ["COURSE", "CertificateError", "Revoked", "certify", "default_key_path", "held_for_review", "issue",
+           "keygen", "load_private_key", "make_record", "publish_issuer", "resolve_issuer_url", "revoke", "verify"]
 
 
 class CertificateError(ValueError):
@@ -231,7 +230,7 @@ def _status_token(registry: status_list.Registry, key: Ed25519PrivateKey) -> str
     issuer = openbadges.issuer_ref(registry.issuer_url, COURSE)
     payload = status_list.list_credential(issuer, registry.list_url, registry.revocations(),
                                           size=registry.state["size"])
-    valid_from = _dt.datetime.fromisoformat(payload["validFrom"].replace("Z", "+00:00"))
+    valid_from = _dt.datetime.fromisoformat(payload["validFrom"])
     payload.update(iss=issuer["id"], jti=registry.list_url, nbf=int(valid_from.timestamp()))
     return openbadges.sign(payload, key, issuer_url=registry.issuer_url)
 

@@ -34,7 +34,7 @@ STATE_FILE = "issuer-state.json"
 LIST_FILE = "status-list.jwt"
 PURPOSE = "revocation"
 
-__all__ = ["LIST_FILE", "PURPOSE", "Registry", "SIZE", "StatusError", "decode", "encode", "entry", "is_set",
+__all__ = ["LIST_FILE", "PURPOSE", "SIZE", "Registry", "StatusError", "decode", "encode", "entry", "is_set",
            "list_credential"]
 
 
