@@ -1,8 +1,10 @@
 """Open Badges 3.0 credentials, their revocation and the verification page, checked by three verifiers.
 
 1. ``multigpu verify`` (joserfc, the library that signs);
-2. an independent verifier written here on PyJWT, a second JWT library, with the key read from the
-   published ``jwks.json`` and the status list decoded by hand (base64url, gzip, bit order);
+2. independent Python verifiers: openbadgeslib's Open Badges 3.0 verifier (signature, structure,
+   validity window, and the status list it "downloads" from the published folder, its own
+   signature checked too), and one written here on PyJWT with the key read from the published
+   ``jwks.json`` and the status list decoded by hand (base64url, gzip, bit order, the reason);
 3. the published ``verify.html`` in Debian's Chromium (Playwright), with the browser's own Ed25519.
 
 A valid certificate passes all three, any changed character fails all three, a revoked one is
@@ -95,6 +97,32 @@ def pyjwt_verdict(path: Path, site: Path) -> tuple[str, str]:
         why = [r["reason"] for r in listed["credentialSubject"]["revocations"] if r["statusListIndex"] == str(index)]
         return "revoked", why[0] if why else ""
     return "valid", credential["credentialSubject"]["identifier"][0]["identityHash"]
+
+
+def openbadgeslib_verdict(path: Path, site: Path) -> tuple[str, str]:
+    """('valid' | 'invalid' | 'revoked', detail) from openbadgeslib's OB 3.0 verifier, offline:
+    its status list download is answered from the published folder."""
+    from openbadgeslib.ob3.verifier import OB3Verifier, OB3VerificationError
+
+    def download(url: str) -> bytes:
+        assert url == f"{ISSUER_URL}/status-list.jwt", f"openbadgeslib asked for {url}"
+        return (site / "status-list.jwt").read_bytes()
+
+    verifier = OB3Verifier(cert.load_public_key(site / "course-key.pub"))
+    try:
+        verifier.verify(token(path))
+    except OB3VerificationError as e:
+        return "invalid", str(e)
+    try:
+        credential = verifier.verify(token(path), check_status=True, verify_status_list=True, download=download)
+    except OB3VerificationError as e:
+        assert "is set at index" in str(e), e
+        return "revoked", str(e)
+    return "valid", credential.issuer.id
+
+
+def python_verdicts(path: Path, site: Path) -> list[str]:
+    return [openbadgeslib_verdict(path, site)[0], pyjwt_verdict(path, site)[0]]
 
 
 # ---------------------------------------------------------------------------- verifier 1: multigpu
@@ -206,7 +234,8 @@ def test_the_published_key_is_the_course_key(issued):
 def test_a_valid_certificate_verifies_with_all_three(issued, capsys, browser):
     verdict, text = multigpu_verdict(issued.valid, issued, capsys)
     assert verdict == "valid" and "not revoked" in text, text
-    assert pyjwt_verdict(issued.valid, issued.published)[0] == "valid"
+    assert python_verdicts(issued.valid, issued.published) == ["valid", "valid"]
+    assert openbadgeslib_verdict(issued.valid, issued.published)[1] == f"{ISSUER_URL}/issuer.json"
     pdf = issued.valid.with_suffix(".pdf")
     state, shown = page_verdict(browser, issued.published, issued.valid, pdf, shot="valid")
     assert state == "valid", shown
@@ -233,7 +262,7 @@ def test_one_changed_character_fails_all_three(issued, capsys, browser, tmp_path
     bad = changed(issued.valid, tmp_path / issued.valid.name, segment, where)
     verdict, text = multigpu_verdict(bad, issued, capsys)
     assert verdict == "invalid" and "INVALID" in text, text
-    assert pyjwt_verdict(bad, issued.published)[0] == "invalid"
+    assert python_verdicts(bad, issued.published) == ["invalid", "invalid"]
     state, shown = page_verdict(browser, issued.published, bad, shot=f"changed-{segment}-{where}")
     assert state == "invalid" and shown.startswith("INVALID"), shown
 
@@ -263,7 +292,7 @@ def test_a_changed_claim_with_the_old_signature_fails_all_three(issued, capsys, 
     bad = tmp_path / issued.valid.name
     bad.write_text(json.dumps(openbadges.envelope(f"{head}.{body}.{sig}")))
     assert multigpu_verdict(bad, issued, capsys)[0] == "invalid"
-    assert pyjwt_verdict(bad, issued.published)[0] == "invalid"
+    assert python_verdicts(bad, issued.published) == ["invalid", "invalid"]
     assert page_verdict(browser, issued.published, bad)[0] == "invalid"
 
 
@@ -272,6 +301,7 @@ def test_a_revoked_certificate_is_reported_revoked_with_its_reason_by_all_three(
     verdict, text = multigpu_verdict(issued.revoked, issued, capsys)
     assert verdict == "revoked" and issued.reason in text, text
     assert pyjwt_verdict(issued.revoked, issued.published) == ("revoked", issued.reason)
+    assert openbadgeslib_verdict(issued.revoked, issued.published)[0] == "revoked"
     state, shown = page_verdict(browser, issued.published, issued.revoked, shot="revoked")
     assert state == "revoked" and issued.reason in shown and "Mallory Test" in shown, shown
 
@@ -283,7 +313,7 @@ def test_a_certificate_signed_with_another_key_fails_all_three(issued, capsys, b
                            tmp_path / "forged", issuer_url=ISSUER_URL)
     verdict, text = multigpu_verdict(forged, issued, capsys)
     assert verdict == "invalid" and "different key" in text, text
-    assert pyjwt_verdict(forged, issued.published)[0] == "invalid"
+    assert python_verdicts(forged, issued.published) == ["invalid", "invalid"]
     state, shown = page_verdict(browser, issued.published, forged)
     assert state == "invalid" and "different key" in shown, shown
 
