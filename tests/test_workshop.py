@@ -4,6 +4,7 @@ account helpers, the core split, JupyterHub's settings. (tests/test_workshop_hub
 from __future__ import annotations
 
 import re
+import time
 import types
 from pathlib import Path
 
@@ -108,7 +109,9 @@ def test_names_from_a_csv(tmp_path):
 
 def test_grading_cores_are_kept_apart_from_learners():
     assert limits.split_cores([0, 1]) == ([0], [1])
-    assert limits.split_cores(list(range(16))) == (list(range(14)), [14, 15])
+    assert limits.split_cores(list(range(8))) == (list(range(6)), [6, 7])
+    assert limits.split_cores(list(range(64))) == (list(range(60)), [60, 61, 62, 63]), "a core per assessment worker"
+    assert limits.split_cores([0, 1], reserved=0) == ([0, 1], [0, 1]), "0: grading shares the learners' cores"
     assert limits.split_cores([0]) == ([0], [0]), "one core cannot be split: grading shares it"
     assert limits.split_cores(list(range(8)), reserved=3) == ([0, 1, 2, 3, 4], [5, 6, 7])
     with pytest.raises(ValueError, match="at least one"):
@@ -142,3 +145,28 @@ def test_hub_settings(monkeypatch, tmp_path):
     env = hubconfig.server_env(layout.Hub(tmp_path), instructor=False)
     assert env["JUPYTER_CONFIG_PATH"].split(":")[0] == str(tmp_path / "etc" / "learner")
     assert env["JUPYTER_CONFIG_PATH"].endswith("jupyter/learner")
+
+
+def test_a_grading_that_crashes_or_hangs_fails_with_a_message_and_keeps_the_queue(tmp_path, monkeypatch):
+    """The service's side of a grading: whatever the child does, the job ends done or failed
+    with words for the learner, and the next job still runs."""
+    import sys
+
+    from multigpu.workshop import service
+
+    hub = layout.Hub(tmp_path)
+    q = jobs.Queue(hub.queue_db)
+    q.add("ana+lab-00+t1+x", "ana", "lab-00", "t1")
+    q.add("ben+lab-00+t1+y", "ben", "lab-00", "t1")
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the grading process dies at once
+    crashed = service.grade_one(hub, q, q.take(), timeout=60)
+    assert crashed.state == "failed" and "crashed (exit 1)" in crashed.message and "kept" in crashed.message
+    hang = tmp_path / "hang"
+    hang.write_text("#!/bin/sh\nsleep 60\n")
+    hang.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(hang))
+    start = time.monotonic()
+    slow = service.grade_one(hub, q, q.take(), timeout=2)
+    assert time.monotonic() - start < 30
+    assert slow.state == "failed" and "longer than 2 s" in slow.message
+    assert q.take() is None

@@ -10,6 +10,7 @@ its learner, and the kernel keeping each learner out of the other's home and sub
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +51,7 @@ class HubUnderTest:
     learners: dict[str, str]  # login -> password
     proc: object = None
     log: Path = field(default_factory=Path)
+    instructor_password: str = ""
 
     @property
     def hub(self) -> layout.Hub:
@@ -106,9 +109,10 @@ def _sheet(text: str) -> dict[str, str]:
     return dict(re.findall(r"^(\S+)\s+([a-z2-9]{4}-[a-z2-9]{4}-[a-z2-9]{4})$", text, re.M))
 
 
-@pytest.fixture(scope="module")
-def hub():
-    tag = f"mgt{os.getpid() % 100000}"
+@contextlib.contextmanager
+def running_hub(tag: str, profile: str = "quick", **extra_env: str) -> Iterator[HubUnderTest]:
+    """A hub in a temporary root with an instructor ``<tag>i`` and learners ``<tag>a``, ``<tag>b``;
+    everything it made (accounts, servers, cgroups, folders) is removed at the end."""
     root = Path(tempfile.mkdtemp(prefix="multigpu-hub-test-", dir="/tmp"))
     os.chmod(root, 0o755)
     keys = Path(tempfile.mkdtemp(prefix="multigpu-hub-key-"))
@@ -116,11 +120,11 @@ def hub():
     env = {"MULTIGPU_HUB_ROOT": str(root), "MULTIGPU_CERTIFICATE_KEY": str(keys / "course-key.pem"),
            "MULTIGPU_HUB_PORT": str(ports[0]), "MULTIGPU_HUB_INTERNAL_PORT": str(ports[1]),
            "MULTIGPU_PROXY_API_PORT": str(ports[2]), "MULTIGPU_GRADING_PORT": str(ports[3]),
-           "MULTIGPU_HUB_INSTRUCTORS": f"{tag}i", "MULTIGPU_QUICK": "1", "MULTIGPU_GRADING_PROFILE": "quick",
-           "PATH": f"{PREFIX / 'bin'}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+           "MULTIGPU_HUB_INSTRUCTORS": f"{tag}i", "MULTIGPU_QUICK": "1", "MULTIGPU_GRADING_PROFILE": profile,
+           "PATH": f"{PREFIX / 'bin'}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **extra_env}
     h = HubUnderTest(root, env, f"http://127.0.0.1:{ports[0]}", f"{tag}i", {}, log=root / "hub.log")
     try:
-        h.cli("setup", "--instructor", h.instructor)
+        h.instructor_password = _sheet(h.cli("setup", "--instructor", h.instructor))[h.instructor]
         names = root / "room.csv"
         names.write_text(f"login\n{tag}a\n{tag}b\n")
         h.learners = _sheet(h.cli("add-learners", "--csv", str(names)))
@@ -139,6 +143,12 @@ def hub():
             limits.release(f"user-{name}")
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(keys, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def hub():
+    with running_hub(f"mgt{os.getpid() % 100000}") as h:
+        yield h
 
 
 def _a_b(hub: HubUnderTest) -> tuple[str, str]:

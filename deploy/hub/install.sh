@@ -43,7 +43,9 @@ if [ ! -x "$prefix/bin/python" ]; then
   say "creating the learners' Python environment in $prefix (from $python)"
   "$python" -m venv "$prefix"
 fi
-want="course=$course jupyterhub=$JUPYTERHUB_VERSION pyproject=$(sha256sum "$course/pyproject.toml" | cut -c1-12)"
+# what the environment was built from: a changed pin or Horovod patch rebuilds it
+want="course=$course jupyterhub=$JUPYTERHUB_VERSION pyproject=$(sha256sum "$course/pyproject.toml" | cut -c1-12) \
+horovod-patch=$(sha256sum "$course"/tools/horovod-*.patch | cut -c1-12)"
 if [ "$(cat "$prefix/.hub-ready" 2>/dev/null)" != "$want" ]; then
   say "installing torch, the course ($course) and JupyterHub $JUPYTERHUB_VERSION into $prefix (minutes)"
   pip "torch==$(sed -n 's/^ *"torch==\([^"]*\)".*/\1/p' "$course/pyproject.toml")"

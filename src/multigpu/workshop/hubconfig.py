@@ -133,6 +133,8 @@ def configure(c: Any) -> None:
 
     c.JupyterHub.spawner_class = WorkshopSpawner
     c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
+    # extra arguments of every user's server (tests: --LabApp.expose_app_in_browser=True)
+    c.Spawner.args = os.environ.get("MULTIGPU_HUB_SERVER_ARGS", "").split()
     c.Spawner.start_timeout = 300  # a busy box imports torch slowly
     c.Spawner.http_timeout = 300
     learner_cores, grading_cores = cores()

@@ -24,11 +24,14 @@ PERIOD_US = 100_000
 
 
 def split_cores(cores: list[int] | None = None, reserved: int | None = None) -> tuple[list[int], list[int]]:
-    """``(learner cores, grading cores)``: by default one core in eight (at least one) for grading;
-    a single-core box cannot reserve one, and grading then shares it."""
+    """``(learner cores, grading cores)``: by default a core per worker of the assessment (4) for
+    grading, at most a quarter of the box and at least one; ``reserved=0`` (and a single-core box)
+    reserves none, and grading then shares the learners' cores."""
+    from multigpu.grading.rules import WORKERS
+
     cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
     if reserved is None:
-        reserved = max(1, len(cores) // 8) if len(cores) > 1 else 0
+        reserved = max(1, min(WORKERS, len(cores) // 4)) if len(cores) > 1 else 0
     if reserved >= len(cores):
         raise ValueError(f"cannot reserve {reserved} of {len(cores)} cores for grading: learners need at least one")
     return (cores[:len(cores) - reserved], cores[len(cores) - reserved:]) if reserved else (cores, cores)
