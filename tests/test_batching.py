@@ -68,3 +68,15 @@ def test_summary_reads_a_history():
     assert s["batch_size"] == 64 and s["steps"] == 30 and s["images_per_s"] == 200.0
     assert s["val_acc"] == 0.5 and s["train_loss"] == 1.25 and s["time_s"] == 3.5 and s["lr"] == 0.2 and s["model"] is None
     assert s["history"]["val_acc"] == [0.2, 0.5]
+
+
+def test_compare_sweep_says_what_the_sweep_measured():
+    rows = [{"batch_size": 16, "steps": 600, "images_per_s": 100.0, "val_acc": 0.70, "train_loss": 0.9},
+            {"batch_size": 256, "steps": 38, "images_per_s": 250.0, "val_acc": 0.30, "train_loss": 1.4}]
+    steps, accuracy = batching.compare_sweep(rows)
+    assert steps == "batch 256 took 16 x fewer steps than batch 16 and ran at 2.50 x its images/s"
+    assert "70.0% at batch 16, 30.0% at batch 256 (40.0 points lower)" in accuracy
+    assert accuracy.endswith("fits its training images less well (higher training loss): it lost out in optimisation")
+    rows[1].update(val_acc=0.75, train_loss=0.5)
+    assert "(5.0 points higher)" in batching.compare_sweep(rows)[1]
+    assert batching.compare_sweep(rows)[1].endswith("fits its training images as well or better")

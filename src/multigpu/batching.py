@@ -95,3 +95,20 @@ def summary(history: Mapping[str, Any], batch_size: int, model: nn.Module | None
         "history": dict(history),
         "model": model,
     }
+
+
+def compare_sweep(rows: list[Mapping[str, Any]]) -> list[str]:
+    """Sentences that say what a batch-size sweep (rows of :func:`summary`, smallest batch first)
+    measured: steps, throughput, accuracy and training loss of the largest batch against the smallest."""
+    small, large = rows[0], rows[-1]
+    b0, b1 = small["batch_size"], large["batch_size"]
+    drop = 100 * (small["val_acc"] - large["val_acc"])
+    fits = ("fits its training images less well (higher training loss): it lost out in optimisation"
+            if large["train_loss"] > small["train_loss"] else "fits its training images as well or better")
+    return [
+        f"batch {b1} took {small['steps'] / large['steps']:.0f} x fewer steps than batch {b0} and ran at "
+        f"{large['images_per_s'] / small['images_per_s']:.2f} x its images/s",
+        f"validation accuracy {100 * small['val_acc']:.1f}% at batch {b0}, {100 * large['val_acc']:.1f}% at batch {b1} "
+        f"({abs(drop):.1f} points {'lower' if drop > 0 else 'higher'}); training loss {small['train_loss']:.3f} "
+        f"against {large['train_loss']:.3f}: the large batch {fits}",
+    ]

@@ -206,3 +206,31 @@ def path_explorer(
         batch_size=widgets.SelectionSlider(options=list(batch_sizes), value=list(batch_sizes)[2], description="batch"),
         learning_rate=widgets.FloatSlider(min=lr[0], max=lr[1], step=lr[2], value=lr[3], description="lr"),
     )
+
+
+def plot_scaling_rule(results: Any, ax: Any = None) -> Any:
+    """Validation accuracy against batch size for a :class:`multigpu.scaling_rule.Results`: each
+    seed a dot, the mean over the seeds a line, one colour per kind of run (unchanged rate, scaled
+    rate with warm-up, LARS); the baseline's range over the seeds as a band."""
+    ax = _axes(ax)
+    s = results.setup
+    _, lo, hi = results.spread("unchanged", s.base_batch)
+    ax.axhspan(100 * lo, 100 * hi, color="grey", alpha=0.2, label=f"baseline (batch {s.base_batch}), min-max")
+    names = {"unchanged": "unchanged lr", "scaled": "scaled lr + warm-up", "lars": "LARS"}
+    for k, (kind, name) in enumerate(names.items()):
+        batches = [b for b in [s.base_batch] + [s.batch(f) for f in s.factors]
+                   if all((kind if b != s.base_batch else "unchanged", b, seed) in results.runs for seed in s.seeds)]
+        if not any(b != s.base_batch for b in batches):
+            continue
+        means = []
+        for b in batches:
+            values = 100 * np.asarray(results.values(kind if b != s.base_batch else "unchanged", b))
+            ax.plot([b] * len(values), values, "o", color=f"C{k}", alpha=0.6)
+            means.append(values.mean())
+        ax.plot(batches, means, "-", color=f"C{k}", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("validation accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
