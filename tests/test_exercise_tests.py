@@ -187,6 +187,10 @@ WRONG = [
         def make_fast_loader(dataset):
             return data.make_loader(dataset, batch_size=1, shuffle=True)  # keeps up with a CPU model, one image at a time
      """, "batch the images"),
+    ("02-alexnet-pipeline", "make_fast_loader", "test_fast_loader_keeps_up", """
+        def make_fast_loader(dataset):
+            return data.make_loader(dataset, batch_size=2, shuffle=True)  # batched, and still fast enough for a CPU model
+     """, "batch the images as the model takes them, batch_size=BATCH"),
     # Lab 2's AMP step with one line changed, each the way a learner might
     ("02-alexnet-pipeline", "amp_step", "test_amp_step",
      amp_step_with("    with torch.autocast(images.device.type, dtype=dtype):", "    if True:  # no autocast"),
