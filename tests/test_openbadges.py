@@ -44,6 +44,7 @@ class Issued:
     reason: str
     certs: Path  # the certificates folder
     published: Path  # what publish-issuer wrote
+    stale: Path  # what publish-issuer wrote before the revocation
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +59,10 @@ def issued(tmp_path_factory) -> Issued:
     doomed = cert.make_record("Mallory Test", "mallory", AUDITED)
     _, revoked = cert.issue(doomed, key, certs)
     reason = "issued in error: the grader's efficiency check was broken on 2026-11-20"
+    assert main(["publish-issuer", str(root / "stale"), "--certificates", str(certs), "--key", str(private)]) == 0
     assert main(["revoke", doomed["id"], "--reason", reason, "--certificates", str(certs), "--key", str(private)]) == 0
     assert main(["publish-issuer", str(root / "site"), "--certificates", str(certs), "--key", str(private)]) == 0
-    return Issued(public, private, valid, revoked, reason, certs, root / "site")
+    return Issued(public, private, valid, revoked, reason, certs, root / "site", root / "stale")
 
 
 def token(path: Path) -> str:
@@ -316,6 +318,26 @@ def test_a_certificate_signed_with_another_key_fails_all_three(issued, capsys, b
     assert python_verdicts(forged, issued.published) == ["invalid", "invalid"]
     state, shown = page_verdict(browser, issued.published, forged)
     assert state == "invalid" and "different key" in shown, shown
+
+
+@pytest.mark.slow
+def test_a_page_published_before_a_revocation_learns_it_from_the_current_list(issued, browser):
+    state, shown = page_verdict(browser, issued.stale, issued.revoked)
+    assert state == "valid" and "inside this page" in shown, shown  # all that page can know
+    state, shown = page_verdict(browser, issued.stale, issued.revoked, issued.published / "status-list.jwt")
+    assert state == "revoked" and issued.reason in shown, shown
+
+
+@pytest.mark.slow
+def test_an_older_or_forged_dropped_list_never_hides_a_revocation(issued, browser, tmp_path):
+    state, shown = page_verdict(browser, issued.published, issued.revoked, issued.stale / "status-list.jwt")
+    assert state == "revoked" and issued.reason in shown, shown
+    other, _ = cert.keygen(tmp_path / "other" / "key")
+    cert.issue(cert.make_record("X", "x", AUDITED), cert.load_private_key(other), tmp_path / "forged",
+               issuer_url=ISSUER_URL)
+    forged = tmp_path / "forged" / status_list.LIST_FILE
+    state, shown = page_verdict(browser, issued.published, issued.revoked, forged)
+    assert state == "invalid" and "dropped status list" in shown, shown
 
 
 @pytest.mark.slow

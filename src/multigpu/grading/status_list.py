@@ -85,7 +85,8 @@ def list_credential(issuer: dict[str, Any], list_url: str, revoked: dict[int, di
         "id": list_url,
         "type": ["VerifiableCredential", "BitstringStatusListCredential"],
         "issuer": issuer,
-        "validFrom": now.replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        # milliseconds: of two lists signed in the same second, a verifier can still tell the newer
+        "validFrom": now.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "credentialSubject": {
             "id": f"{list_url}#list",
             "type": "BitstringStatusList",
