@@ -36,5 +36,26 @@ def test_regrade_reproduces_the_verdict_of_a_stored_reference_result(tmp_path):
     (submitted / "train.py").write_text("print('the submission changed after grading')\n")  # the copy is what counts
     again = audit.regrade(graded.path, log=print)
     print(again.report())
-    assert again.holds and "the verdict HOLDS" in again.report(), again.report()
-    assert again.result.source_sha256 == stored["source_sha256"] and again.result.passed
+    assert again.result.source_sha256 == stored["source_sha256"]
+    if again.noisy:  # seen beside other test suites: baselines 65.7, 43.7, 116.5 images/s, none within 25%
+        assert "NOT REPRODUCED" in again.report() and not again.result.ok("throughput"), again.report()
+        assert all(again.result.ok(c) for c in again.result.criteria if c != "throughput"), again.report()
+    else:
+        assert again.holds and "the verdict HOLDS" in again.report() and again.result.passed, again.report()
+
+
+def test_a_regrade_that_differs_only_by_a_noisy_machine_is_no_verdict():
+    from multigpu.grading.grader import Criterion, GradeResult
+
+    def result(throughput: bool, noisy: bool) -> GradeResult:
+        criteria = {n: Criterion(n, p, n != "throughput" or throughput, "") for n, p in grader.POINTS.items()}
+        return GradeResult("train.py", SETTINGS, criteria, {"noisy": True} if noisy else {})
+
+    stored = result(True, False).to_dict()
+    differs = ["passed: True then False", "criterion throughput: pass then fail"]
+    noisy = audit.Regrade(stored, result(False, True), differs)
+    assert not noisy.holds and noisy.noisy and "NOT REPRODUCED" in noisy.report()
+    slow = audit.Regrade(stored, result(False, False), differs)  # measured, and too slow: the verdict changed
+    assert not slow.noisy and "DOES NOT HOLD" in slow.report()
+    other = audit.Regrade(stored, result(True, True), ["criterion sharded: pass then fail"])
+    assert not other.noisy and "DOES NOT HOLD" in other.report()

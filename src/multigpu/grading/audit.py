@@ -86,7 +86,9 @@ def keep_source(script: Path, result_file: Path, expected_sha256: str) -> str:
 
 @dataclass
 class Regrade:
-    """A stored result graded again: ``holds`` when the verdict is the same."""
+    """A stored result graded again: ``holds`` when the verdict is the same; ``noisy`` when it
+    differs only in throughput and the machine was too noisy to measure it this time (no
+    verdict either way: grade again on a quiet machine)."""
 
     stored: dict[str, Any]
     result: GradeResult
@@ -96,12 +98,20 @@ class Regrade:
     def holds(self) -> bool:
         return not self.differences
 
+    @property
+    def noisy(self) -> bool:
+        return bool(self.differences and self.result.measurements.get("noisy")
+                    and all(d.startswith(("passed:", "criterion throughput:")) for d in self.differences))
+
     def report(self) -> str:
         old, new = self.stored.get("grader_version") or "unknown", self.result.grader_version
         m, n = self.stored.get("measurements") or {}, self.result.measurements
         figures = ", ".join(f"{k} {m.get(k)} -> {n.get(k)}" for k in ("accuracy_held", "efficiency", "throughput"))
         lines = [f"regrade of {self.stored.get('script')} (source {self.result.source_sha256[:16]}..., "
-                 f"grader {old} then {new}): " + ("the verdict HOLDS" if self.holds else "the verdict DOES NOT HOLD"),
+                 f"grader {old} then {new}): " + ("the verdict HOLDS" if self.holds else
+                                                  "NOT REPRODUCED: the machine was too noisy to measure throughput "
+                                                  "this time; grade again on a quiet machine" if self.noisy else
+                                                  "the verdict DOES NOT HOLD"),
                  f"  measured: {figures}"]
         return "\n".join(lines + [f"  differs: {d}" for d in self.differences])
 
