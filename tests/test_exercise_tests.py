@@ -307,6 +307,10 @@ WRONG = [
         def best_commit_every(step_s, commit_s, interruptions_per_hour):
             return max(1, round(math.sqrt(2 * commit_s / interruptions_per_hour) / step_s))  # per hour taken as per second
      """, "divide the rate by 3600"),
+    ("04-beyond-one-box", "best_commit_every", "test_best_commit_every", """
+        def best_commit_every(step_s, commit_s, interruptions_per_hour):
+            return max(1, round(math.sqrt(2 * commit_s / (interruptions_per_hour / 3600)) / step_s))  # the nearest whole k
+     """, "compare the overhead of the whole numbers on both sides"),
     ("04-beyond-one-box", "expected_spot_hours", "test_expected_spot_hours", """
         def expected_spot_hours(hours, interruptions_per_hour, checkpoint_every=None):
             return hours * (1 + interruptions_per_hour * hours / 2)  # each interruption loses half the job
