@@ -2,8 +2,8 @@
 
 GPU mode (CUDA available): one worker process per GPU, NCCL for collectives.
 CPU mode (no CUDA): each "GPU" is a worker process that runs with a single thread; Horovod's
-collectives go over MPI (shared memory between one machine's workers), torch.distributed's over
-Gloo. The same training code runs in both; only the helpers here differ.
+collectives go over MPI (shared memory between one machine's workers; Gloo where Horovod or the
+environment lacks MPI), torch.distributed's over Gloo. The same training code runs in both; only the helpers here differ.
 """
 
 from __future__ import annotations
@@ -184,12 +184,13 @@ def describe(workers: int | None = None, info: MachineInfo | None = None) -> str
                else f"{FORCE_CPU}=1 is set, so ")
             + "every worker runs on the CPU, as on a machine without a GPU, and the GPUs stay idle "
             "(mixing GPU and CPU workers would make every ratio meaningless). Each 'GPU' is a worker process "
-            "with its own thread(s); Horovod's collectives use MPI, torch.distributed's Gloo."
+            "with its own thread(s); Horovod's collectives use MPI (Gloo where MPI is missing), torch.distributed's Gloo."
         )
     else:
         text = (
             f"CPU mode: no CUDA device, {info.cores} CPU cores. Each 'GPU' is a worker process "
-            "with its own thread(s); Horovod's collectives use MPI (shared memory), torch.distributed's "
+            "with its own thread(s); Horovod's collectives use MPI (shared memory; Gloo where MPI is missing), "
+            "torch.distributed's "
             "Gloo. Absolute speeds are far below a GPU's; "
             "the lessons are in the ratios."
         )
