@@ -3,7 +3,8 @@
 GPU mode (CUDA available): one worker process per GPU, NCCL for collectives.
 CPU mode (no CUDA): each "GPU" is a worker process that runs with a single thread; Horovod's
 collectives go over MPI (shared memory between one machine's workers; Gloo where Horovod or the
-environment lacks MPI), torch.distributed's over Gloo. The same training code runs in both; only the helpers here differ.
+environment lacks MPI), torch.distributed's over Gloo. The same training code runs in both; only
+the helpers here differ.
 """
 
 from __future__ import annotations
