@@ -27,7 +27,14 @@ NOTEBOOKS = REPO / "solutions" / "notebooks"
 CONTEXT = {
     "00-welcome": "",
     "01-gd-vs-sgd": """
+        import numpy as np
         import torch
+
+        from multigpu import gradient_noise, toy
+
+        problem = toy.make_problem(2000, seed=0)
+        x, y = problem.x, problem.y
+        VARIANCE_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
     """,
     "02-alexnet-pipeline": """
         import torch
@@ -151,6 +158,34 @@ WRONG = [
             hvd.init()
             return hvd.allreduce(torch.tensor([hvd.rank()]), op=hvd.Average, name="mean_rank").item()
      """, "average a float tensor"),
+    ("01-gd-vs-sgd", "converged", "test_converged", """
+        def converged(previous_loss, loss, tol=1e-3):
+            if not (np.isfinite(previous_loss) and np.isfinite(loss)):
+                return False
+            if loss == previous_loss:
+                return True
+            return loss != 0 and abs(previous_loss - loss) / abs(loss) < tol  # relative to the current loss
+     """, "divide the change by the PREVIOUS loss"),
+    ("01-gd-vs-sgd", "gradient_variance", "test_gradient_variance", """
+        def gradient_variance(theta, x, y, batch_size, trials, rng):
+            full = toy.gradient(theta, x, y)
+            total = 0.0
+            for _ in range(trials):
+                idx = rng.choice(len(x), size=batch_size, replace=False)  # without replacement
+                diff = toy.gradient(theta, x[idx], y[idx]) - full
+                total += float(diff @ diff)
+            return total / trials
+     """, "draw the indices WITH replacement"),
+    ("01-gd-vs-sgd", "gradient_variance", "test_gradient_variance", """
+        def gradient_variance(theta, x, y, batch_size, trials, rng):
+            full = toy.gradient(theta, x, y)
+            total = 0.0
+            for _ in range(trials):
+                idx = rng.permutation(len(x))[:batch_size]  # a shuffled prefix: without replacement
+                diff = toy.gradient(theta, x[idx], y[idx]) - full
+                total += float(diff @ diff)
+            return total / trials
+     """, "draw the indices WITH replacement"),
     ("01-gd-vs-sgd", "trust_ratio", "test_trust_ratio", """
         def trust_ratio(weight, grad, eta, weight_decay):
             return eta * float(grad.norm()) / (float(weight.norm()) + 1e-12)  # upside down

@@ -279,7 +279,7 @@ def compare(results: Results) -> dict[str, Any]:
         line += ("; every seed's scaled run beat every seed's unchanged one" if row["scaled_beyond_spread"]
                  else "; the ranges over the seeds overlap: no clear win")
         line += ("; the scaled runs all stayed below the baseline's range" if row["short_beyond_spread"]
-                 else "; within the baseline's range")
+                 else "; the scaled runs' range overlaps the baseline's")
         lines.append(line)
     if s.lars and all(("lars", s.far, seed) in results.runs for seed in s.seeds):
         naive, scaled, lars = (results.values(k, s.far) for k in ("unchanged", "scaled", "lars"))
