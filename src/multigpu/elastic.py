@@ -11,6 +11,16 @@ One machine, several hosts: Horovod starts a worker without SSH when the host's 
 an address of this machine, so ``localhost`` and ``127.0.0.1`` are two hosts for it (see
 :mod:`multigpu.multinode`).
 
+Two timeouts decide whether a run survives a busy machine: ``gloo_timeout_s``, how long a worker
+waits for a peer in a collective before it gives the peer up for lost (short: the survivors notice
+a dead worker sooner), and ``rendezvous_timeout_s``, how long workers wait for each other when the
+ring is formed, the survivors included when the lost host comes back: a joining worker starts
+Python and imports torch first. On the 2-core machine the survivors waited 5 s for the joiners
+with little other work running and 11-23 s beside one busy process per core, so a 5 s Gloo timeout
+for both made the kill run fail on a busy machine. Item 6 of the project's Horovod patch keeps the
+two apart (unpatched Horovod waits ``gloo_timeout_s`` for both). A job that fails anyway raises
+:class:`ElasticJobFailed`, which says what happened and what to do.
+
 The ledger the script writes (one JSON-lines file per worker process) is read by
 :func:`read_ledger`; :func:`account` checks that the committed samples cover every sample of every
 epoch exactly once: nothing lost, nothing trained twice past the last commit.
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import sys
@@ -33,6 +44,15 @@ from multigpu import launch
 from multigpu.multinode import ONE_BOX_HOSTS
 
 SCRIPT_MODULE = "multigpu.scripts.train_elastic"
+
+
+class ElasticJobFailed(launch.WorkerError):
+    """The elastic job ended with an error; the message says why and what to do (see
+    :func:`explain_failure`). :attr:`run` holds what the job left (its ledger included)."""
+
+    def __init__(self, message: str, run: ElasticRun):
+        super().__init__(message)
+        self.run = run
 
 
 @dataclass
@@ -61,8 +81,8 @@ class Accounting:
         return not any(self.missing.values()) and not any(self.repeated.values())
 
     def report(self) -> str:
-        lines = [f"workers over the run: {' -> '.join(map(str, self.sizes))} ({self.resets} reset(s)); "
-                 f"uncommitted samples thrown away by the survivors: {self.lost_samples}"]
+        lines = [(f"workers over the run: {' -> '.join(map(str, self.sizes))} ({self.resets} reset(s)); "
+                  f"uncommitted samples thrown away by the survivors: {self.lost_samples}")]
         for epoch in range(self.epochs):
             missing, repeated = self.missing.get(epoch, []), self.repeated.get(epoch, [])
             lines.append(f"epoch {epoch + 1}: {self.dataset_size - len(missing)} of {self.dataset_size} samples "
@@ -145,6 +165,36 @@ def worker_pids(entries: list[Entry], host: str | None = None) -> list[int]:
     return pids
 
 
+#: What the output of a failed job says (a regular expression), and what it means for the learner
+#: (first match wins; ``{0}`` is the expression's first group).
+FAILURE_CAUSES = (
+    (r"Wait timeout after (\d+) seconds for key",
+     ("workers waited {0} s for a peer to join the ring and gave up: a worker that starts (or rejoins "
+      "after its host came back) imports torch first, and this machine was too busy to do that in time. "
+      "Stop other work on the machine, or pass a longer rendezvous_timeout_s, and run the cell again.")),
+    (r"has exceeded limit",
+     "the job changed its set of workers more often than Horovod's reset limit allows."),
+    (r"blacklisted slots count ==",
+     "every host of the job failed and was blacklisted: no host was left to go on."),
+    (r"failure count ==",
+     "every worker exited with an error (below), so no survivor was left to go on."),
+)
+
+
+#: Lines of a job's output that say what went wrong (a worker's C++ exception, the driver's verdict).
+ERROR_MARKS = ("what():", "ERROR", "Error", "exit with status code", "Exit code")
+
+
+def explain_failure(result: launch.JobResult) -> str:
+    """Why a failed elastic job failed, for a person: the first of :data:`FAILURE_CAUSES` its
+    output shows, then its last :data:`ERROR_MARKS` lines."""
+    found = ((re.search(pattern, result.text), meaning) for pattern, meaning in FAILURE_CAUSES)
+    why = next((meaning.format(*match.groups()) for match, meaning in found if match),
+               f"horovodrun exited with {result.returncodes}.")
+    errors = [line for line in result.output if any(mark in line for mark in ERROR_MARKS)]
+    return why + "\nWhat the job said:\n" + "\n".join(errors[-12:] or result.output[-12:])
+
+
 def run(
     out: str | os.PathLike,
     *,
@@ -155,6 +205,7 @@ def run(
     kill_host: str = ONE_BOX_HOSTS[0],
     cooldown_s: tuple[int, int] | None = None,
     gloo_timeout_s: int = 10,
+    rendezvous_timeout_s: int = 120,
     script_args: list[str] | tuple[str, ...] = (),
     timeout: float = 300.0,
     echo: bool = True,
@@ -167,7 +218,11 @@ def run(
     ``cooldown_s``: Horovod's blacklist cool-down range, after which the lost host may rejoin.
     ``gloo_timeout_s``: how long a worker waits in a collective before it gives a peer up for lost
     (Horovod's default, 30 s, is most of the recovery time on one machine).
-    ``script_args``: options of :mod:`multigpu.scripts.train_elastic`."""
+    ``rendezvous_timeout_s``: how long workers wait for each other to form the ring, at the start
+    and when workers join (Horovod's ``HOROVOD_GLOO_RENDEZVOUS_TIMEOUT_SECONDS``, item 6 of the
+    project's patch; never shorter than ``gloo_timeout_s``).
+    ``script_args``: options of :mod:`multigpu.scripts.train_elastic`.
+    Raises :class:`ElasticJobFailed` when the job fails."""
     out = Path(out)
     ledger = out / "ledger"
     ledger.mkdir(parents=True, exist_ok=True)
@@ -201,14 +256,18 @@ def run(
                           f"{kill_after_steps} step(s) after commit {kill_at_commit}", flush=True)
         return ""
 
-    proc = launch.start(cmd, env=launch.worker_env({"HOROVOD_LOG_LEVEL": "warning"}), cwd=out)
+    env = launch.worker_env({"HOROVOD_LOG_LEVEL": "warning", "HOROVOD_GLOO_RENDEZVOUS_TIMEOUT_SECONDS": str(rendezvous_timeout_s)})
+    proc = launch.start(cmd, env=env, cwd=out)
     result = launch.supervise([proc], ["horovodrun"], timeout, echo=echo, what="elastic horovodrun",
                               on_tick=on_tick, tick_s=0.2)
     from multigpu.scripts import train_elastic
 
     options = train_elastic.parse_args(list(script_args))
     entries = read_ledger(ledger)
-    return ElasticRun(result, account(entries, options.synthetic, options.epochs), entries, killed)
+    done = ElasticRun(result, account(entries, options.synthetic, options.epochs), entries, killed)
+    if result.returncodes != [0]:
+        raise ElasticJobFailed(f"the elastic job failed: {explain_failure(result)}", done)
+    return done
 
 
 def plot_run(run: ElasticRun, ax: Any = None) -> Any:

@@ -1,6 +1,6 @@
 """Elastic Horovod training (Lab 4): workers may die or join mid-epoch and training goes on.
 
-Launch through :func:`multigpu.elastic.start` (which writes the host discovery script), or::
+Launch through :func:`multigpu.elastic.run` (which writes the host discovery script), or::
 
     horovodrun --gloo -np 4 --min-np 2 --max-np 4 --host-discovery-script ./discover.sh \\
         python -m multigpu.scripts.train_elastic --ledger runs/elastic
