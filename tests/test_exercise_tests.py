@@ -59,12 +59,18 @@ CONTEXT = {
         CHECK_SIZES = (1, 7, 1001, 4099)
     """,
     "03-horovod": """
+        import json
+        from pathlib import Path
+
         import horovod.torch as hvd
         import torch
+        from torch.utils.data import DistributedSampler
 
-        from multigpu import devices, models, training
+        from multigpu import data, devices, models, training
 
         info = devices.detect()
+        WORK = Path("runs/lab3").resolve()
+        WORK.mkdir(parents=True, exist_ok=True)
         hvd.init()
     """,
     "04-beyond-one-box": """
@@ -299,6 +305,46 @@ WRONG = [
         def average_metric(value, name):
             return float(value)  # right at one worker
      """, "average over the workers"),
+    ("03-horovod", "ex1-init", "test-ex1-init", """
+        def init_horovod():
+            hvd.init()
+            return 0, 1, 0  # what this notebook's single worker sees
+     """, "return (hvd.rank(), hvd.size(), hvd.local_rank()) after hvd.init()"),
+    ("03-horovod", "ex3-sampler", "test-ex3-sampler", """
+        def make_train_loader(dataset, batch_size, seed=0):
+            sampler = DistributedSampler(dataset, num_replicas=hvd.size(), rank=0, shuffle=True, seed=seed)
+            return data.make_loader(dataset, batch_size, sampler=sampler, seed=seed), sampler  # rank 0's shard everywhere
+     """, "num_replicas=hvd.size(), rank=hvd.rank()"),
+    ("03-horovod", "ex3-sampler", "test-ex3-sampler", """
+        def make_train_loader(dataset, batch_size, seed=0):
+            sampler = DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True,
+                                         seed=seed + hvd.rank())  # each rank its own shuffle: shards overlap
+            return data.make_loader(dataset, batch_size, sampler=sampler, seed=seed), sampler
+     """, "give both workers the same seed"),
+    ("03-horovod", "ex5-optimizer", "test-ex5-optimizer", """
+        def distribute_optimizer(optimizer, model, fp16=False):
+            compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+            return hvd.DistributedOptimizer(optimizer, compression=compression)  # no named_parameters
+     """, "pass named_parameters=model.named_parameters()"),
+    ("03-horovod", "ex8-checkpoint", "test-ex8-checkpoint", """
+        def save_checkpoint(model, optimizer, epoch, path):
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, path)
+            return True  # every rank writes
+     """, "save on rank 0 only (if hvd.rank() == 0)"),
+    ("03-horovod", "ex9-record", "test-ex9-record", """
+        def save_record(record, directory):
+            if hvd.rank() != 0:
+                return None  # Exercise 8's habit: only rank 0 writes
+            path = Path(directory) / f"rank{hvd.rank()}.json"
+            path.write_text(json.dumps(record))
+            return path
+     """, "write a record on every rank"),
+    ("03-horovod", "ex9-record", "test-ex9-record", """
+        def save_record(record, directory):
+            path = Path(directory) / "record.json"  # one file for all ranks
+            path.write_text(json.dumps(record))
+            return path
+     """, "write to Path(directory) / f\"rank{hvd.rank()}.json\""),
     ("04-beyond-one-box", "predict_step", "test_predict_step", """
         def predict_step_s(compute_s, grad_bytes, workers, rate_bps):
             if rate_bps is None or workers == 1:

@@ -33,8 +33,7 @@ from multigpu import data, devices, models
 # The hyperparameters chosen for 4 workers (the grader runs the defaults).
 EPOCHS = 5  # epochs 4 and 5 must both pass A: two at a tenth of the rate settle them
 BATCH = 32  # per worker: a global batch of 128 on 4 workers. 64 per worker runs faster (half the
-# all-reduces: 1.44x one one-thread worker against 1.26x, quick data, 2 cores) but held only 81%
-# in 5 epochs at 4 x 0.02 (cpu profile, 2026-11-23)
+# all-reduces) but does not hold the cpu profile's A in 5 epochs at 4 x 0.02
 LR = 0.01  # of one worker; the 4-worker rate is 4 x LR after the warm-up
 WARMUP = 1.0
 DECAY = 2  # the last 2 epochs at a tenth of the rate: the accuracy the rule wants held, held
@@ -108,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     device = devices.worker_device(hvd.local_rank())  # Horovod: one GPU per worker (CPU mode: the CPU)
     # Horovod: the workers of one machine share its cores: one fair share of threads each
     torch.set_num_threads(args.threads or devices.threads_per_worker(hvd.local_size()))
-    # Horovod (CPU mode): each worker on its own core (+10% at 2 workers, +6% at 4, measured)
+    # Horovod (CPU mode): each worker on its own core (README, Performance, has the bench's figures)
     devices.pin_worker(hvd.local_rank(), hvd.local_size())
 
     root = args.data or data.ensure_dataset(progress=rank == 0)
