@@ -59,7 +59,9 @@ def server_env(hub: Hub, instructor: bool) -> dict[str, str]:
     """The environment of one user's server (learners: ``make lab``'s config plus the exchange)."""
     repo = course_layout.course_root()
     view = "instructor" if instructor else "learner"
-    paths = [str(repo / "jupyter" / view)] if instructor else [str(hub.learner_config), str(repo / "jupyter" / view)]
+    # nbgrader reads nbgrader_config.py from these folders: the hub course's own for the
+    # instructor (the formgrader's course root), the exchange's settings for learners
+    paths = [str(hub.course if instructor else hub.learner_config), str(repo / "jupyter" / view)]
     bindir = str(Path(sys.executable).parent)
     return {
         "JUPYTER_CONFIG_PATH": os.pathsep.join(paths),

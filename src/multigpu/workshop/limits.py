@@ -141,18 +141,3 @@ def release(name: str) -> None:
             folder.rmdir()
         except OSError:
             pass  # absent, or a process is still in it: the next confine reuses it
-
-
-def usage(name: str) -> dict[str, float]:
-    """CPU seconds and memory bytes used by the group ``multigpu/name`` so far (measurements)."""
-    v = version()
-    if v == 2:
-        g = CGROUP / PARENT / name
-        stat = dict(line.split() for line in (g / "cpu.stat").read_text().splitlines())
-        return {"cpu_s": int(stat["usage_usec"]) / 1e6, "memory_peak": float((g / "memory.peak").read_text())
-                if (g / "memory.peak").exists() else float((g / "memory.current").read_text())}
-    if v == 1:
-        return {"cpu_s": int((CGROUP / "cpuacct" / PARENT / name / "cpuacct.usage").read_text()) / 1e9
-                if (CGROUP / "cpuacct" / PARENT / name).exists() else float("nan"),
-                "memory_peak": float((CGROUP / "memory" / PARENT / name / "memory.max_usage_in_bytes").read_text())}
-    return {}

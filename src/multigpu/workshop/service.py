@@ -85,12 +85,23 @@ def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADI
     return queue.get(job.id)  # type: ignore[return-value]
 
 
-async def worker(hub: Hub, queue: jobs.Queue, timeout: float) -> None:
-    """The queue's one worker: scan, take the oldest job, grade it, again."""
+async def scanner(hub: Hub, queue: jobs.Queue) -> None:
+    """Record new submissions every few seconds, also while a grading runs (so a learner sees
+    their place in the queue at once)."""
     loop = asyncio.get_running_loop()
     while True:
         try:
             await loop.run_in_executor(None, scan, hub, queue)
+        except Exception as e:  # noqa: BLE001 - a bad folder in the exchange must not stop the service
+            print(f"grading service: scanning the exchange failed: {e!r}", file=sys.stderr, flush=True)
+        await asyncio.sleep(SCAN_S)
+
+
+async def worker(hub: Hub, queue: jobs.Queue, timeout: float) -> None:
+    """The queue's one worker: take the oldest job, grade it, again."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
             job = await loop.run_in_executor(None, queue.take)
             if job is None:
                 await asyncio.sleep(SCAN_S)
@@ -231,7 +242,8 @@ async def main() -> None:
     app.listen(url.port, url.hostname)
     print(f"grading service on {url.geturl()}, grading on cores {os.environ.get('MULTIGPU_GRADING_CORES_LIST', 'any')}",
           flush=True)
-    await worker(hub, queue, float(os.environ.get("MULTIGPU_GRADING_TIMEOUT") or GRADING_TIMEOUT_S))
+    await asyncio.gather(scanner(hub, queue),
+                         worker(hub, queue, float(os.environ.get("MULTIGPU_GRADING_TIMEOUT") or GRADING_TIMEOUT_S)))
 
 
 if __name__ == "__main__":
