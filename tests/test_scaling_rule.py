@@ -90,8 +90,12 @@ def test_the_rule_wins_at_4x_fails_far_past_the_noise_scale_and_lars_beats_it_th
     verdict = scaling_rule.compare(results)
     base = np.mean(verdict["base"])
     four, far = verdict["factors"][4], verdict["factors"][64]
-    assert four["scaled_beyond_spread"] and four["won_fraction"] > 0.6, verdict["lines"]
+    # 4x: the unchanged rate falls behind, the scaled rate wins most of it back on every seed
+    assert four["lost"] > 0.1 and four["scaled_beyond_spread"] and four["won_fraction"] > 0.6, verdict["lines"]
+    # 64x: the scaled rate stays far below the baseline on every seed
     assert far["short_beyond_spread"] and np.mean(far["scaled"]) < base - 0.2, verdict["lines"]
+    # LARS: above the scaled rate on every seed, below the baseline
     assert verdict["lars"]["beyond_spread"] and verdict["lars"]["over_scaled"] > 0.05, verdict["lines"]
+    assert scaling_rule.beyond_spread(verdict["lars"]["lars"], verdict["base"]), verdict["lines"]
     noise = scaling_rule.noise_scale(results.runs["unchanged", setup.base_batch, 0]["model"], train_set)
     assert 4 * setup.base_batch < noise["b_simple"] < setup.far, noise  # 4x below the noise scale, 64x past it
