@@ -165,6 +165,8 @@ def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -
         _chown_tree(f, instructor)
     _nbgrader(["release_feedback", job.assignment, "--student", job.student], hub.course, user=None,
               env=dict(_env(hub.state), HOME=str(hub.state)), what="nbgrader release_feedback")
+    # the instructor's formgrader releases feedback into the same folder: it stays theirs
+    _chown_tree(hub.exchange / layout.COURSE_ID / "feedback", instructor)
     shutil.rmtree(scratch, ignore_errors=True)
     return out
 
