@@ -51,6 +51,8 @@ def test_resubmission_replaces_a_waiting_job_and_a_full_queue_holds(tmp_path):
     a2 = q.add("ana+lab-00+t2+z", "ana", "lab-00", "t2")
     assert q.get(a1.id).state == "replaced" and "later submission" in q.get(a1.id).message
     assert (a2.state, q.position(a2), q.position(b1)) == ("queued", 2, 1)
+    forged = q.add("ana+lab-00+t3+f", "ana", "lab-00", "t3", state="failed", message="made by another account")
+    assert forged.state == "failed" and q.get(a2.id).state == "queued", "a refused submission replaces nothing"
     c1 = q.add("cy+lab-01+t1+w", "cy", "lab-01", "t1")
     assert c1.state == "held" and "queue is full" in c1.message and q.position(c1) == 3
     assert q.take().id == b1.id

@@ -92,7 +92,8 @@ class Queue:
     def add(self, submission: str, student: str, assignment: str, submitted: str,
             state: str | None = None, message: str = "") -> Job:
         """Record a submission (once: a known one is returned as it is). Earlier waiting jobs of the
-        same learner and assignment are replaced; past the limit the job is held."""
+        same learner and assignment are replaced; past the limit the job is held. With ``state``
+        given (a submission refused on arrival) nothing else changes."""
         with self._db() as db:
             db.execute("BEGIN IMMEDIATE")
             row = db.execute("SELECT * FROM jobs WHERE submission = ?", (submission,)).fetchone()
@@ -100,10 +101,10 @@ class Queue:
                 db.execute("COMMIT")
                 return Job.from_row(row)
             now = time.time()
-            db.execute("UPDATE jobs SET state = 'replaced', finished = ?, message = ? WHERE student = ? AND "
-                       "assignment = ? AND state IN ('queued', 'held')",
-                       (now, f"replaced by your later submission ({submitted}) before it was graded", student, assignment))
-            if state is None:
+            if state is None:  # a submission to grade (not one refused on arrival) replaces a waiting one
+                db.execute("UPDATE jobs SET state = 'replaced', finished = ?, message = ? WHERE student = ? AND "
+                           "assignment = ? AND state IN ('queued', 'held')",
+                           (now, f"replaced by your later submission ({submitted}) before it was graded", student, assignment))
                 waiting = db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued'").fetchone()[0]
                 state = "queued" if waiting < self.limit else "held"
                 if state == "held":

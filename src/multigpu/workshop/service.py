@@ -16,7 +16,6 @@ import html
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -118,10 +117,6 @@ async def worker(hub: Hub, queue: jobs.Queue, timeout: float) -> None:
 STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
          "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}"
          "pre{white-space:pre-wrap;background:#f6f6f6;padding:.5em}.failed{color:#a00}.done{color:#060}")
-
-
-def _ago(t: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
 
 
 def render(hub: Hub, queue: jobs.Queue, user: str, instructor: bool, prefix: str) -> str:
