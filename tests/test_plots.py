@@ -64,9 +64,11 @@ def test_plot_histories_schedule_and_losses():
     assert ax.get_yscale() == "log" and len(ax.get_lines()) == 1
 
 
-def test_path_explorer_redraws_with_the_given_epoch_function(problem):
+def test_path_explorer_redraws_with_the_given_epoch_function(problem, monkeypatch):
     pytest.importorskip("ipywidgets")
     calls = []
+    assert plots.path_explorer(problem, batch_sizes=(4, 16, 64), epochs=1) is None  # headless: one static drawing
+    monkeypatch.setattr("multigpu.notebook.in_jupyter", lambda: True)  # a JupyterLab kernel: the sliders
 
     def epoch_fn(theta, x, y, batch_size, lr, rng):
         calls.append((batch_size, lr))

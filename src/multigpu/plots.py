@@ -185,9 +185,14 @@ def path_explorer(
 
     ``lr = (min, max, step, value)``. GD gets the same number of steps as SGD takes in
     ``epochs`` epochs (capped at 500 so the slider stays responsive). Returns the
-    ``ipywidgets.interactive`` object (display it as the last line of a cell).
+    ``ipywidgets.interactive`` object (display it as the last line of a cell). Where nobody can
+    move a slider (papermill, nbgrader: :func:`multigpu.notebook.in_jupyter` is False) it draws the
+    default path once and returns None: a widget there only adds comm traffic, and a papermill
+    run of Lab 1 on a busy machine waited forever on this cell.
     """
     import ipywidgets as widgets
+
+    from .notebook import in_jupyter
 
     extent = toy.path_extent([np.asarray(theta0).reshape(1, 2)], problem.minimum, margin=1.0)
 
@@ -201,6 +206,9 @@ def path_explorer(
         ax.text(0.02, 0.02, f"SGD final loss {final:.4f}", transform=ax.transAxes, fontsize=8)
         plt.show()
 
+    if not in_jupyter():
+        draw(list(batch_sizes)[2], lr[3])
+        return None
     return widgets.interactive(
         draw,
         batch_size=widgets.SelectionSlider(options=list(batch_sizes), value=list(batch_sizes)[2], description="batch"),
