@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from multigpu.grading import audit, grader, official, rules
+from multigpu.grading import audit, grader, official, regrade, rules
 
 SETTINGS = rules.QUICK.replace(workers=2)
 
@@ -34,7 +34,7 @@ def test_regrade_reproduces_the_verdict_of_a_stored_reference_result(tmp_path):
     assert {"accuracy_held", "efficiency", "baselines", "run_s", "horovod_gradient_rounds_per_epoch"} \
         <= set(stored["measurements"])
     (submitted / "train.py").write_text("print('the submission changed after grading')\n")  # the copy is what counts
-    again = audit.regrade(graded.path, log=print)
+    again = regrade.regrade(graded.path, log=print)
     print(again.report())
     assert again.result.source_sha256 == stored["source_sha256"]
     if again.noisy:  # seen beside other test suites: baselines 65.7, 43.7, 116.5 images/s, none within 25%
@@ -53,9 +53,9 @@ def test_a_regrade_that_differs_only_by_a_noisy_machine_is_no_verdict():
 
     stored = result(True, False).to_dict()
     differs = ["passed: True then False", "criterion throughput: pass then fail"]
-    noisy = audit.Regrade(stored, result(False, True), differs)
+    noisy = regrade.Regrade(stored, result(False, True), differs)
     assert not noisy.holds and noisy.noisy and "NOT REPRODUCED" in noisy.report()
-    slow = audit.Regrade(stored, result(False, False), differs)  # measured, and too slow: the verdict changed
+    slow = regrade.Regrade(stored, result(False, False), differs)  # measured, and too slow: the verdict changed
     assert not slow.noisy and "DOES NOT HOLD" in slow.report()
-    other = audit.Regrade(stored, result(True, True), ["criterion sharded: pass then fail"])
+    other = regrade.Regrade(stored, result(True, True), ["criterion sharded: pass then fail"])
     assert not other.noisy and "DOES NOT HOLD" in other.report()

@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from multigpu.course import layout
-from multigpu.grading import openbadges, status_list
+from multigpu.grading import openbadges, rules, status_list
 
 COURSE = "Training Deep Learning Models on Multiple GPUs"
 #: Fraction of the lab points (assignment ``notebooks``) a certificate also requires.
@@ -71,8 +71,7 @@ class Revoked(CertificateError):
 
 def default_key_path() -> Path:
     """``$MULTIGPU_COURSE_KEY``, else ``~/.config/multigpu/course-key`` (outside the repository)."""
-    env = os.environ.get("MULTIGPU_COURSE_KEY")
-    return Path(env).expanduser() if env else Path.home() / ".config" / "multigpu" / "course-key"
+    return rules.course_key_path()
 
 
 def public_key_path(private: str | os.PathLike) -> Path:

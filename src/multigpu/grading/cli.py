@@ -208,10 +208,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_regrade(args: argparse.Namespace) -> int:
-    from multigpu.grading import audit, grader
+    from multigpu.grading import grader, regrade
 
     try:
-        done = audit.regrade(args.result, log=lambda m: print(m, flush=True))
+        done = regrade.regrade(args.result, log=lambda m: print(m, flush=True))
     except grader.GradingUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -656,9 +656,7 @@ def sandbox_rules(train_root: Path, extra_hidden: Sequence[os.PathLike | str] = 
     the training set readable; the course key's folder, the data cache (the grader's held-out set
     is elsewhere, in its private folder under the hidden /tmp), every ``grading/`` folder
     (gradebook, submissions) of the course and of the current folder hidden."""
-    from multigpu.grading import certificates
-
-    hidden = [certificates.default_key_path().parent, data.data_home(), REPO / layout.GRADING,
+    hidden = [rules.course_key_path().parent, data.data_home(), REPO / layout.GRADING,
               Path.cwd() / layout.GRADING, *extra_hidden]
     return {"readable": [train_root, *readable], "hidden": [h for h in hidden if Path(h).exists()]}
 

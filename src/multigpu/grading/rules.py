@@ -56,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 #: Workers the submission runs on (``horovodrun -np 4``).
@@ -215,3 +216,10 @@ def settings(name: str | None = None) -> Settings:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown grading profile {name!r}; choose one of {sorted(PROFILES)}") from None
+
+
+def course_key_path() -> Path:
+    """The course's signing key: ``$MULTIGPU_COURSE_KEY``, else ``~/.config/multigpu/course-key``
+    (outside the repository). Every grading hides its folder from the submission."""
+    env = os.environ.get("MULTIGPU_COURSE_KEY")
+    return Path(env).expanduser() if env else Path.home() / ".config" / "multigpu" / "course-key"
