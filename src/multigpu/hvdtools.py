@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from multigpu.links import EmulatedLink
+    from multigpu.launch import JobWrapper
 
 
 def allreduce_times(numel: int, warmup: int, reps: int) -> list[float]:
@@ -141,7 +141,7 @@ def run_script(
     timeout: float = 180.0,
     env: dict[str, str] | None = None,
     echo: bool = True,
-    link: EmulatedLink | None = None,
+    link: JobWrapper | None = None,
 ) -> list[dict[str, Any]]:
     """Run a training script with ``np`` workers and ``--record --out out``; return its records.
 

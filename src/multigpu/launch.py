@@ -35,14 +35,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import cloudpickle
 
 from multigpu.course import layout
 
-if TYPE_CHECKING:
-    from multigpu.links import EmulatedLink
 
 #: Lines of output printed per job before the rest is dropped (the tail is still kept for errors).
 MAX_PRINTED_LINES = 2000
@@ -52,6 +50,17 @@ CRASH_GRACE_S = 3.0
 TAIL_BYTES = 32_000
 #: A line longer than this is cut into pieces (output without newlines must not grow one line for ever).
 MAX_LINE_BYTES = 64_000
+
+
+class JobWrapper(Protocol):
+    """What runs a whole job inside it: :class:`multigpu.links.EmulatedLink` (a network namespace
+    behind an emulated link) is one."""
+
+    def why_unavailable(self) -> str | None:
+        """None where the wrapper works on this machine, else why not and what to do."""
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        """The command that runs ``argv`` inside the wrapper."""
 
 
 class WorkerError(RuntimeError):
@@ -462,7 +471,7 @@ def horovodrun(
     horovod_args: Sequence[str] = (),
     echo: bool = True,
     check: bool = True,
-    link: EmulatedLink | None = None,
+    link: JobWrapper | None = None,
 ) -> JobResult:
     """Run ``horovodrun -np N -H localhost:N [horovod_args] argv`` (see :func:`horovodrun_command`)
     with live output and a time limit.
@@ -473,9 +482,7 @@ def horovodrun(
     (:mod:`multigpu.links`; one machine only, over Gloo).
     """
     if link is not None:
-        from multigpu import links
-
-        why = links.unavailable()
+        why = link.why_unavailable()
         if why:
             raise RuntimeError(f"no emulated link on this machine: {why}")
         if hosts or "--mpi" in horovod_args:
@@ -525,7 +532,7 @@ def run_horovod(
     timeout: float = 300.0,
     env: dict[str, str] | None = None,
     echo: bool = True,
-    link: EmulatedLink | None = None,
+    link: JobWrapper | None = None,
     hosts: str | None = None,
     horovod_args: Sequence[str] = (),
 ) -> list[Any]:

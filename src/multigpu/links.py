@@ -68,6 +68,10 @@ class EmulatedLink:
                          f"burst {BURST_BYTES} latency {QUEUE_LATENCY_MS}ms")
         return " && ".join(lines + ['exec "$@"'])
 
+    def why_unavailable(self) -> str | None:
+        """None where emulated links work on this machine (:func:`unavailable`), else why not."""
+        return unavailable()
+
     def wrap(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run in a new user + network namespace behind this link (one namespace for the
         whole job: wrap the launcher, e.g. ``horovodrun``, not each worker)."""
