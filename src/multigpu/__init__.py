@@ -25,8 +25,13 @@ Lab 4 (beyond a box)   ``links`` (a Horovod job behind an emulated network link:
                        ``elastic`` (a worker killed mid-epoch, the sample ledger;
                        ``scripts.train_elastic``), ``costs`` (time and cost on 1..N
                        GPUs, spot interruptions with and without checkpoints)
-the assessment         ``grading`` (rules, the sandboxed runner, the grader, the official
-                       grading, certificates, broken variants)
+the assessment         ``grading`` (rules, the sandboxed runner, the grader, review flags,
+                       the audit trail, the official grading, certificates as Open Badges
+                       3.0 with revocation, broken variants)
+workshops              ``workshop`` (one JupyterHub for a room of learners: accounts,
+                       nbgrader's exchange, the grading queue)
+every lab's figures    ``reference`` (the reference run's figures, shipped in
+                       ``reference_runs/``, printed beside the learner's own)
 course tooling         ``course``: ``layout`` (where the course's folders are),
                        ``release`` (learner copies, gradebook, collect), ``hygiene``
                        (clean notebooks), ``bench`` (``make bench``); ``cli`` (the one

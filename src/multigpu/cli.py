@@ -6,7 +6,9 @@
     multigpu release [--check | --gradebook | --collect PATH | --assignments]
                                   learner copies, gradebook, collected submissions (multigpu.course.release)
     multigpu bench [ARGS]         performance figures against their targets (multigpu.course.bench)
-    multigpu grade / certify / keygen / verify / calibrate   (the assessment, see README.md)
+    multigpu grade / calibrate / regrade / review / similarity     the assessment's grading (multigpu.grading)
+    multigpu keygen / certify / verify / revoke / publish-issuer   certificates (docs/certificates.md)
+    multigpu workshop VERB        a workshop on one JupyterHub (multigpu.workshop, docs/workshop.md)
 """
 
 from __future__ import annotations
