@@ -11,7 +11,8 @@ every lab              ``devices`` (GPU or CPU mode, threads, pinning), ``data``
 Lab 0 (welcome)        ``devices``, ``launch``
 Lab 1 (GD vs SGD)      ``toy``, ``gradient_noise``, ``batching``, ``schedules`` (the one
                        learning-rate rule: linear scaling with warm-up), ``large_batch``
-                       (LARS: a trust ratio per layer)
+                       (LARS: a trust ratio per layer), ``scaling_rule`` (the rule's
+                       experiment: 4x below the noise scale, 64x past it, LARS there)
 Lab 2 (pipeline)       ``profiling`` (where one device's time goes), ``paramserver`` (naive
                        data parallelism), ``scaling_model``, ``ring`` (Lab 2b)
 Lab 3 (Horovod)        ``hvdtools`` (an all-reduce timer, composing the learner's script,
