@@ -11,7 +11,7 @@ papermill), Lab 1's batch-size slider redrawing its plot once the exercises abov
 there the instructor tools are present.
 
 Every step leaves a screenshot in screenshots/browser/ (gitignored) for a person to look at.
-`make browser-deps` installs Chromium (apt-get, no browser download) and playwright; the tests
+`make test-deps` installs Chromium (apt-get, no browser download) and playwright; the tests
 skip only where Chromium is not installed.
 """
 
@@ -66,7 +66,7 @@ LOAD_MS = 120_000  # page, notebook and kernel ready
 VALIDATE_MS = 240_000  # nbgrader runs the whole notebook in a fresh kernel
 
 NO_CHROMIUM = (
-    f"no Chromium at {CHROMIUM}: `make browser-deps` installs Debian's chromium with apt-get "
+    f"no Chromium at {CHROMIUM}: `make test-deps` installs Debian's chromium with apt-get "
     "(needs root or passwordless sudo), or set MULTIGPU_CHROMIUM to a Chromium binary"
 )
 
@@ -223,7 +223,7 @@ def browser():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.fail("playwright is not installed: run `make browser-deps`")
+        pytest.fail("playwright is not installed: run `make test-deps`")
     SHOTS.mkdir(parents=True, exist_ok=True)
     for old in SHOTS.glob("*.png"):
         old.unlink()

@@ -154,7 +154,7 @@ def browser():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.fail("playwright is not installed: run `make browser-deps`")
+        pytest.fail("playwright is not installed: run `make test-deps`")
     with sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
