@@ -163,10 +163,10 @@ def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -
     _chown_tree(hub.course / "submitted" / job.student, instructor)
     for f in hub.course.glob("gradebook.db*"):
         _chown_tree(f, instructor)
-    _nbgrader(["release_feedback", job.assignment, "--student", job.student], hub.course, user=None,
-              env=dict(_env(hub.state), HOME=str(hub.state)), what="nbgrader release_feedback")
-    # the instructor's formgrader releases feedback into the same folder: it stays theirs
-    _chown_tree(hub.exchange / layout.COURSE_ID / "feedback", instructor)
+    # as the instructor: nbgrader's exchange wants its feedback folder owned by whoever releases
+    # into it, and the formgrader's Release Feedback button runs as the instructor too
+    _nbgrader(["release_feedback", job.assignment, "--student", job.student], hub.course, user=instructor,
+              env=_env(Path(pwd.getpwnam(instructor).pw_dir)), what="nbgrader release_feedback")
     shutil.rmtree(scratch, ignore_errors=True)
     return out
 
