@@ -199,7 +199,7 @@ def official(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) ->
     gradebook, the result file and, where earned, the certificate."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    from multigpu.grading import certificates, grader, official as official_grading, rules
+    from multigpu.grading import grader, official as official_grading, rules
 
     settings = rules.settings()
     script = submitted / "train.py"
@@ -223,28 +223,54 @@ def official(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) ->
                 continue
             grade.manual_score = float(criterion.earned)
         gb.db.commit()
-    out: dict[str, Any] = {"official": result.to_dict(), "report": result.report(), "certificate": None}
-    labs = labs_score(hub, job.student)
-    if not result.passed:
-        out["certificate_note"] = "no certificate: the assessment did not pass (see the grader's report)"
-    elif not result.sandboxed or settings.profile not in ("cpu", "gpu"):
-        out["certificate_note"] = (f"no certificate: graded with the '{settings.profile}' profile"
-                                   + ("" if result.sandboxed else ", unsandboxed") + " (tests only)")
-    elif certificates.held_for_review(result.to_dict()):
-        out["certificate_note"] = ("passed, held for review: the instructor looks at it before a certificate is "
-                                   f"issued ({certificates.held_for_review(result.to_dict())})")
+    out: dict[str, Any] = {"official": result.to_dict(), "report": result.report()}
+    out.update(certify(hub, job.student))
+    return out
+
+
+def certify(hub: Hub, student: str) -> dict[str, Any]:
+    """Issue the learner's certificate when their official result (``state/results``) passed on a
+    real profile, sandboxed, not held for review, and the released labs have enough points; once
+    per result. Runs after every job, so labs graded after the assessment count too.
+    ``{"certificate": {"pdf", "json"} or None, "certificate_note": words}``."""
+    import hashlib
+    import json
+
+    from multigpu.grading import certificates
+
+    path = hub.results / f"{student}.json"
+    if not path.is_file():
+        return {"certificate": None, "certificate_note": "no official grading of the assessment yet"}
+    raw = path.read_bytes()
+    result = json.loads(raw)
+    folder = hub.certificates / student
+    marker = folder / "issued-for.json"
+    digest = hashlib.sha256(raw).hexdigest()
+    if marker.is_file():
+        issued = json.loads(marker.read_text())
+        if issued["result_sha256"] == digest:
+            return {"certificate": issued["files"], "certificate_note": "certificate issued"}
+    profile = (result.get("settings") or {}).get("profile")
+    labs = labs_score(hub, student)
+    held = certificates.held_for_review(result)
+    if not result.get("passed"):
+        note = "no certificate: the assessment did not pass (see the grader's report)"
+    elif not result.get("sandboxed") or profile not in ("cpu", "gpu"):
+        note = f"no certificate: graded with the '{profile}' profile" + ("" if result.get("sandboxed") else ", unsandboxed") + " (tests only)"
+    elif held:
+        note = f"passed, held for review: the instructor looks at it before a certificate is issued ({held})"
     elif labs["max_score"] and labs["score"] < certificates.LABS_REQUIRED * labs["max_score"]:
-        out["certificate_note"] = (f"no certificate yet: the released labs need {certificates.LABS_REQUIRED:.0%} of "
-                                   f"their points ({labs['score']:g}/{labs['max_score']:g} so far); submit them, "
-                                   "then resubmit the assessment")
+        note = (f"no certificate yet: the released labs need {certificates.LABS_REQUIRED:.0%} of their points "
+                f"({labs['score']:g}/{labs['max_score']:g} so far); it is issued when your labs reach it")
     else:
         key = certificates.load_private_key(os.environ.get("MULTIGPU_CERTIFICATE_KEY") or None)
-        record = certificates.make_record(job.student, job.student, result.to_dict(), labs={
+        record = certificates.make_record(student, student, result, labs={
             "score": labs["score"], "max_score": labs["max_score"], "required_fraction": certificates.LABS_REQUIRED})
-        pdf, js = certificates.issue(record, key, hub.certificates / job.student)
-        out["certificate"] = {"pdf": str(pdf), "json": str(js)}
-        out["certificate_note"] = "certificate issued"
-    return out
+        pdf, js = certificates.issue(record, key, folder)
+        files = {"pdf": str(pdf), "json": str(js)}
+        marker.write_text(json.dumps({"result_sha256": digest, "files": files}))
+        return {"certificate": files, "certificate_note": "certificate issued"}
+    return {"certificate": None, "certificate_note": note}
 
 
 def run(hub: Hub, job: Job, log: Callable[[str], None] = print) -> tuple[str, str, dict[str, Any]]:
@@ -255,6 +281,10 @@ def run(hub: Hub, job: Job, log: Callable[[str], None] = print) -> tuple[str, st
         result: dict[str, Any] = {"autograde": autograde(hub, job, submitted, log)}
         auto = result["autograde"]
         message = f"notebooks {auto['score']:g}/{auto['max_score']:g} points; feedback released (Assignments tab: Fetch Feedback)"
+        if job.assignment != layout.ASSESSMENT and (hub.results / f"{job.student}.json").is_file():
+            result.update(certify(hub, job.student))  # these lab points may complete a passed assessment's certificate
+            if result["certificate"]:
+                message += "; " + result["certificate_note"]
         if job.assignment == layout.ASSESSMENT:
             result.update(official(hub, job, submitted, log))
             r = result["official"]
