@@ -137,7 +137,7 @@ def stop_server(proc: subprocess.Popen, lab: Lab | None) -> None:
             request = urllib.request.Request(f"{lab.base}/api/shutdown?token={lab.token}", method="POST")
             urllib.request.urlopen(request, timeout=15).close()
             proc.wait(timeout=30)
-        except Exception:  # noqa: BLE001 - falls through to the signals below
+        except Exception:  # falls through to the signals below
             pass
     for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
         if proc.poll() is not None:

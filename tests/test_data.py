@@ -165,7 +165,7 @@ def test_flip_and_crop_correctness():
     # Every crop is a window of the zero-padded image.
     padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
     for c in crops:
-        assert any(torch.equal(c, padded[:, t : t + 4, l : l + 4]) for t in range(5) for l in range(5))
+        assert any(torch.equal(c, padded[:, t : t + 4, left : left + 4]) for t in range(5) for left in range(5))
 
 
 def test_train_transform_is_random_and_shaped():
@@ -192,7 +192,10 @@ def test_synthetic_images_and_collate():
 
 def test_make_loader_is_deterministic_and_checks_sampler():
     ds = data.SyntheticImages(20, image_size=8, classes=20, pool=1)
-    order = lambda seed: torch.cat([y for _, y in data.make_loader(ds, 6, shuffle=True, seed=seed)]).tolist()
+
+    def order(seed):
+        return torch.cat([y for _, y in data.make_loader(ds, 6, shuffle=True, seed=seed)]).tolist()
+
     assert order(3) == order(3) and sorted(order(3)) == list(range(20))
     assert order(3) != order(4)
     assert len(data.make_loader(ds, 6, drop_last=True)) == 3
@@ -227,7 +230,7 @@ def windows(x: torch.Tensor, padding: int) -> list[torch.Tensor]:
     """Every crop of ``x`` zero-padded by ``padding``, flipped or not: what training may give."""
     size = x.shape[-1]
     padded = torch.nn.functional.pad(x, (padding,) * 4)
-    crops = [padded[:, t : t + size, l : l + size] for t in range(2 * padding + 1) for l in range(2 * padding + 1)]
+    crops = [padded[:, t : t + size, left : left + size] for t in range(2 * padding + 1) for left in range(2 * padding + 1)]
     return crops + [c.flip(-1) for c in crops]
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import yaml
 
 from conftest import REPO, VENV_BIN
-
 from multigpu import launch
 
 

@@ -70,7 +70,8 @@ def test_model_noise_scale_on_a_linear_model_matches_per_example_value():
     exact = gradient_noise.noise_scale(toy.per_example_gradients(theta, p.x, p.y))
     model = nn.Linear(1, 1).double()
     with torch.no_grad():
-        model.weight.fill_(theta[0]); model.bias.fill_(theta[1])
+        model.weight.fill_(theta[0])
+        model.bias.fill_(theta[1])
     loss_fn = lambda out, y: 0.5 * ((out.squeeze(1) - y) ** 2).mean()  # noqa: E731
     x = torch.tensor(p.x).unsqueeze(1)
     y = torch.tensor(p.y)

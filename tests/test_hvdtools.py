@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import ast
 
+import numpy as np  # a module the reference script does not import
 import pytest
 
 from multigpu import hvdtools
-
-import numpy as np  # a module the reference script does not import  # noqa: E402
 
 
 def lr_schedule(base_lr, warmup_epochs):

@@ -23,9 +23,9 @@ def test_alexnet_parameter_count():
 def test_batch_norm_follows_every_conv_and_linear_layers_keep_default_init():
     for m in (models.AlexNetSmall(), models.AlexNet(num_classes=10)):
         layers = list(m.features)
-        convs = [i for i, l in enumerate(layers) if isinstance(l, torch.nn.Conv2d)]
+        convs = [i for i, layer in enumerate(layers) if isinstance(layer, torch.nn.Conv2d)]
         assert all(isinstance(layers[i + 1], torch.nn.BatchNorm2d) for i in convs)
-        assert not any(isinstance(l, torch.nn.BatchNorm2d) for l in type(m)(batch_norm=False).modules())
+        assert not any(isinstance(layer, torch.nn.BatchNorm2d) for layer in type(m)(batch_norm=False).modules())
     torch.manual_seed(0)
     fc = models.AlexNetSmall().classifier[1]
     bound = 1 / fc.in_features ** 0.5  # PyTorch's default: uniform in +-1/sqrt(fan_in)
@@ -41,10 +41,10 @@ def test_alexnet_forward_224():
 def test_alexnet_small_shape_and_counts():
     m = models.build_model()  # alexnet_small, 10 classes
     assert isinstance(m, models.AlexNetSmall)
-    convs = [l for l in m.modules() if isinstance(l, torch.nn.Conv2d)]
-    fcs = [l for l in m.modules() if isinstance(l, torch.nn.Linear)]
-    pools = [l for l in m.modules() if isinstance(l, torch.nn.MaxPool2d)]
-    drops = [l for l in m.modules() if isinstance(l, torch.nn.Dropout)]
+    convs = [layer for layer in m.modules() if isinstance(layer, torch.nn.Conv2d)]
+    fcs = [layer for layer in m.modules() if isinstance(layer, torch.nn.Linear)]
+    pools = [layer for layer in m.modules() if isinstance(layer, torch.nn.MaxPool2d)]
+    drops = [layer for layer in m.modules() if isinstance(layer, torch.nn.Dropout)]
     assert (len(convs), len(fcs), len(pools), len(drops)) == (5, 3, 3, 2), "same shape as AlexNet"
     c = models.count_parameters(m)
     assert c["total"] == models.ALEXNET_SMALL_PARAMETERS_10 == sum(p.numel() for p in m.parameters())

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import jwt
 import pytest
-from conftest import REPO
-from test_certificates import RESULT
 
+from conftest import REPO
 from multigpu.cli import main
 from multigpu.grading import certificates as cert
 from multigpu.grading import openbadges, status_list
+from test_certificates import RESULT
 
 ISSUER_URL = "https://multigpu-course.example.org/issuer"
 SHOTS = REPO / "screenshots" / "verify-page"  # gitignored: for a person to look at
@@ -104,7 +104,7 @@ def pyjwt_verdict(path: Path, site: Path) -> tuple[str, str]:
 def openbadgeslib_verdict(path: Path, site: Path) -> tuple[str, str]:
     """('valid' | 'invalid' | 'revoked', detail) from openbadgeslib's OB 3.0 verifier, offline:
     its status list download is answered from the published folder."""
-    from openbadgeslib.ob3.verifier import OB3Verifier, OB3VerificationError
+    from openbadgeslib.ob3.verifier import OB3VerificationError, OB3Verifier
 
     def download(url: str) -> bytes:
         assert url == f"{ISSUER_URL}/status-list.jwt", f"openbadgeslib asked for {url}"

@@ -6,11 +6,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
 
-from multigpu import plots, toy  # noqa: E402
+from multigpu import plots, toy
 
 
 @pytest.fixture(autouse=True)

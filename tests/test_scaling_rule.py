@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from multigpu import large_batch, plots, schedules, scaling_rule
+from multigpu import large_batch, plots, scaling_rule, schedules
 
 
 def test_the_small_network_takes_shrunk_images_and_has_five_adapted_layers():

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from multigpu import record_checks, hvdtools, launch, run_records
+from multigpu import hvdtools, launch, record_checks, run_records
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 

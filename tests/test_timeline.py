@@ -9,7 +9,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from multigpu import timeline  # noqa: E402
+from multigpu import timeline
 
 
 def _events() -> list[dict]:

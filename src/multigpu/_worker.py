@@ -13,6 +13,7 @@ import datetime
 import os
 import sys
 import traceback
+from typing import Any
 
 import cloudpickle
 
@@ -23,7 +24,7 @@ def _write(outdir: str, rank: int, record: tuple) -> None:
     try:
         with open(tmp, "wb") as f:
             cloudpickle.dump(record, f)
-    except Exception:  # noqa: BLE001 - an unpicklable return value becomes an error record
+    except Exception:  # an unpicklable return value becomes an error record
         with open(tmp, "wb") as f:
             cloudpickle.dump(("error", "the worker's return value could not be pickled:\n" + traceback.format_exc()), f)
     os.replace(tmp, path)
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> int:
         threads = str(devices.threads_per_worker(local))
     torch.set_num_threads(int(threads))
 
-    dist = None
+    dist: Any = None
     try:
         with open(job, "rb") as f:
             fn, args, backend = cloudpickle.load(f)
@@ -66,7 +67,7 @@ def main(argv: list[str]) -> int:
             value = fn(*args)
         _write(outdir, rank, ("ok", value))
         return 0
-    except BaseException:  # noqa: BLE001 - report everything, including SystemExit from learner code
+    except BaseException:  # report everything, including SystemExit from learner code
         _write(outdir, rank, ("error", traceback.format_exc()))
         traceback.print_exc()
         return 1
@@ -74,7 +75,7 @@ def main(argv: list[str]) -> int:
         if dist is not None and dist.is_initialized():
             try:
                 dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
 

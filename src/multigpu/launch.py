@@ -41,7 +41,6 @@ import cloudpickle
 
 from multigpu.course import layout
 
-
 #: Lines of output printed per job before the rest is dropped (the tail is still kept for errors).
 MAX_PRINTED_LINES = 2000
 #: Seconds the peers of a crashed worker get to exit on their own before they are killed.
@@ -363,7 +362,7 @@ def supervise(
             take(i, line)
     with lock:
         result = JobResult([p.returncode for p in procs], time.monotonic() - began, output, timed_out=timed_out,
-                           output_bytes=counted["bytes"], output_exceeded=counted["exceeded"] and not timed_out,
+                           output_bytes=counted["bytes"], output_exceeded=bool(counted["exceeded"]) and not timed_out,
                            stopped=stopped, tail=bytes(tail[-TAIL_BYTES:]).decode(errors="replace"))
     if timed_out and raise_on_timeout:
         running = [labels[i] for i, p in enumerate(procs) if p.returncode in (None, -signal.SIGKILL)]
@@ -383,7 +382,7 @@ def _read_values(outdir: Path, n: int, labels: list[str], result: JobResult, wha
         try:
             with open(path, "rb") as f:
                 records.append(cloudpickle.load(f))
-        except (OSError, EOFError, Exception):  # noqa: BLE001 - a killed worker leaves no or half a file
+        except (OSError, EOFError, Exception):  # a killed worker leaves no or half a file
             records.append(None)
     # The rank that failed first is the cause; its peers then only report a lost connection.
     def written(rank: int) -> int:

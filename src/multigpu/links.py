@@ -30,6 +30,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 #: tbf's bucket in bytes: four full-size loopback segments (the MTU, 65,536 bytes, is the least
@@ -143,7 +144,7 @@ def measure_step(workers: int, rate_bps: float | None, *, out: str | os.PathLike
         raise RuntimeError(f"no emulated link on this machine: {unavailable()}")
     args = ["--synthetic", str(max(workers * batch_size * steps, 256)), "--max-steps", str(steps), "--epochs", "1",
             "--batch-size", str(batch_size), "--quiet", *(["--fp16-allreduce"] if fp16 else [])]
-    records = hvdtools.run_script(workers, args, out=out, launcher="horovodrun --gloo", timeout=timeout, echo=echo,
+    records = hvdtools.run_script(workers, args, out=Path(out), launcher="horovodrun --gloo", timeout=timeout, echo=echo,
                                   link=EmulatedLink(rate_bps) if emulated else None)
     slowest = min(r["history"]["images_per_s_worker"][0] for r in records)
     return {"workers": workers, "rate_bps": rate_bps, "link": EmulatedLink(rate_bps).label, "batch": batch_size,

@@ -12,6 +12,8 @@ Image sizes live here, in one place: ``CPU_IMAGE_SIZE`` (the generated data set 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -43,7 +45,7 @@ def _init(module: nn.Module) -> None:
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            nn.init.zeros_(m.bias)
+            nn.init.zeros_(cast(torch.Tensor, m.bias))
 
 
 class AlexNet(nn.Module):

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 T = TypeVar("T")
 
@@ -35,7 +38,7 @@ def in_jupyter() -> bool:
     return bool(os.environ.get("JPY_SESSION_NAME"))
 
 
-def progress(iterable: Iterable[T] | None = None, **kwargs) -> Iterable[T]:
+def progress(iterable: Iterable[T] | None = None, **kwargs) -> tqdm[T]:
     """A tqdm progress bar: a widget in JupyterLab, plain text (updated rarely) in logs.
 
     In logs the bar writes at most every ``mininterval`` seconds (default 10) so CI output and

@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -41,7 +41,7 @@ DEFAULTS: dict[str, Any] = {
 
 def flat_gradient(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """All gradients of ``params`` in one flat buffer (one message instead of one per layer)."""
-    return torch.cat([p.grad.reshape(-1) for p in params])
+    return torch.cat([cast(torch.Tensor, p.grad).reshape(-1) for p in params])
 
 
 def set_flat_gradient(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
@@ -49,7 +49,8 @@ def set_flat_gradient(params: Sequence[torch.Tensor], flat: torch.Tensor) -> Non
     offset = 0
     for p in params:
         n = p.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+        grad = cast(torch.Tensor, p.grad)
+        grad.copy_(flat[offset : offset + n].view_as(grad))
         offset += n
 
 
@@ -70,14 +71,14 @@ def ps_average_gradients(params: Sequence[torch.Tensor], world_size: int | None 
     moved = {"sent": 0, "received": 0}
     if rank == 0:
         inbox = [torch.empty_like(flat) for _ in range(n - 1)]
-        reqs = [dist.irecv(buf, src) for src, buf in enumerate(inbox, start=1)]
+        reqs = [cast(dist.Work, dist.irecv(buf, src)) for src, buf in enumerate(inbox, start=1)]
         for r in reqs:
             r.wait()
         for buf in inbox:
             flat += buf
             moved["received"] += _nbytes(buf)
         flat /= n
-        reqs = [dist.isend(flat, dst) for dst in range(1, n)]
+        reqs = [cast(dist.Work, dist.isend(flat, dst)) for dst in range(1, n)]
         for r in reqs:
             r.wait()
             moved["sent"] += _nbytes(flat)

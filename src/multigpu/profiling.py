@@ -20,11 +20,12 @@ wait longer for data.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -66,7 +67,7 @@ class StageTimes:
     @property
     def bottleneck(self) -> str:
         """The slowest stage."""
-        return max(self.seconds, key=self.seconds.get)
+        return max(self.seconds, key=self.seconds.__getitem__)
 
     def table(self) -> str:
         """A small text table: stage, ms per image, images/s, share of the time."""
@@ -120,19 +121,20 @@ def time_stages(
     seconds["read"] = time.perf_counter() - t0
 
     split = isinstance(transform, ImageTransform)
-    size = transform.size if split else None  # as the dataset decodes for it (JPEG draft mode)
+    staged = cast(ImageTransform, transform)  # read only where split is True
+    size = staged.size if split else None  # as the dataset decodes for it (JPEG draft mode)
     t0 = time.perf_counter()
     images = [decode(b, size) for b in blobs]
     seconds["decode"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    samples = [transform.sample(im) for im in images] if split else [transform(im) for im in images]
+    samples: list[Any] = [staged.sample(im) for im in images] if split else [transform(im) for im in images]
     seconds["augment"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     if split:  # what data.collate does before the transform's batch step
         batches = [
-            (transform.stack(samples[i : i + batch_size]), torch.tensor(labels[i : i + batch_size]))
+            (staged.stack(samples[i : i + batch_size]), torch.tensor(labels[i : i + batch_size]))
             for i in range(0, n, batch_size)
         ]
     else:
@@ -144,7 +146,7 @@ def time_stages(
 
     if split:  # the transform's per-batch half: augmentation, once per batch
         t0 = time.perf_counter()
-        batches = [(transform.batch(x), y) for x, y in batches]
+        batches = [(staged.batch(x), y) for x, y in batches]
         seconds["augment"] += time.perf_counter() - t0
 
     notes: dict[str, str] = {}
@@ -433,17 +435,18 @@ def compare_step_options(
         model = models.build_model(model_name).to(device).train()
         images = x
         if "channels_last" in option:
-            model = model.to(memory_format=torch.channels_last)
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
             images = x.contiguous(memory_format=torch.channels_last)
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
         if option == "torch.compile":
-            model = torch.compile(model)
+            model = cast(nn.Module, torch.compile(model))
+        run: Callable[[], Any]
         if "mixed precision" in option:
             scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-            run = (lambda m=model, o=optimizer, s=scaler, i=images: amp_step(m, o, s, i, y, dtype))
+            run = functools.partial(amp_step, model, optimizer, scaler, images, y, dtype)
         else:
-            run = (lambda m=model, o=optimizer, i=images: _train_step(m, o, i, y))
-        row = {"option": option, "images_per_s": None, "first_step_s": None, "speedup": None, "error": None}
+            run = functools.partial(_train_step, model, optimizer, images, y)
+        row: dict[str, Any] = {"option": option, "images_per_s": None, "first_step_s": None, "speedup": None, "error": None}
         try:
             t0 = time.perf_counter()
             run()
@@ -451,7 +454,7 @@ def compare_step_options(
             row["first_step_s"] = time.perf_counter() - t0
             run()  # a second untimed step: allocations and caches settle
             runs[option] = run
-        except Exception as exc:  # noqa: BLE001 - one option failing must not hide the others
+        except Exception as exc:  # one option failing must not hide the others
             first_line = (str(exc).strip().splitlines() or [""])[0]
             row["error"] = f"{type(exc).__name__}: {first_line[:200]}"
         rows[option] = row

@@ -18,10 +18,11 @@ bytes whatever N is, against ``2(N-1) * B`` through the central node of a parame
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -134,7 +135,7 @@ def _check_phase(
     results = []
     for numel in sizes:
         mine = _tensor_for(rank, numel, seed, torch.float32)
-        expected = sum(_tensor_for(r, numel, seed, torch.float64) for r in range(n))
+        expected = cast(torch.Tensor, sum(_tensor_for(r, numel, seed, torch.float64) for r in range(n)))
         x = mine.clone()
         counted.update(bytes=0, messages=0, to=set())
         t0 = time.perf_counter()
@@ -209,7 +210,7 @@ def _check_worker(
         real_barrier()
         if rank < n:
             dist.send, dist.isend = send, isend
-            dist.get_world_size = lambda group=None, n=n: n  # noqa: E731
+            dist.get_world_size = lambda group=None, n=n: n  # type: ignore[misc]
             os.environ["WORLD_SIZE"] = str(n)
             if forbid:
                 for name in saved:
@@ -303,7 +304,7 @@ def _bench_worker(
             if fn is not None and group is None:
                 ring = fn
             else:
-                ring = lambda t, group=group: ring_allreduce(t, group)  # noqa: E731
+                ring = functools.partial(ring_allreduce, group=group)
             rows = []
             for numel in sizes:
                 x = torch.randn(numel)

@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -116,7 +117,7 @@ def shrink(dataset: TensorDataset, side: int) -> TensorDataset:
     return out
 
 
-def images(train: int, val: int, side: int, seed: int = 0, root: str | None = None) -> tuple[TensorDataset, TensorDataset]:
+def images(train: int, val: int, side: int, seed: int = 0, root: str | Path | None = None) -> tuple[TensorDataset, TensorDataset]:
     """Class-balanced training and validation sets of the course's images (``root``: the generated
     default), decoded once and shrunk to ``side x side``."""
     root = root or data.ensure_dataset(progress=False)
@@ -173,7 +174,7 @@ def layer_ratios(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -
     ``model`` for one batch; the model's gradients are cleared afterwards."""
     model.zero_grad(set_to_none=True)
     nn.functional.cross_entropy(model(images), labels).backward()
-    ratios = [(name, float(p.grad.norm() / p.detach().norm())) for name, p in model.named_parameters()
+    ratios = [(name, float(cast(torch.Tensor, p.grad).norm() / p.detach().norm())) for name, p in model.named_parameters()
               if large_batch.adapted(p)]
     model.zero_grad(set_to_none=True)
     return ratios
@@ -229,7 +230,7 @@ def run_all(train_set: TensorDataset, val_set: TensorDataset, setup: Setup, *, l
         return lambda epoch: lr_at(epoch, setup.base_lr, batch, setup.base_batch, setup.warmup_epochs)
 
     def lars(model: nn.Module, lr: float) -> torch.optim.Optimizer:
-        return large_batch.make_lars(model, lr, eta=results.eta, trust_ratio_fn=trust_ratio)
+        return large_batch.make_lars(model, lr, eta=cast(float, results.eta), trust_ratio_fn=trust_ratio)
 
     steps = _progress(todo, desc="runs", unit="run") if show_progress else todo
     for kind, batch, seed in steps:
@@ -264,7 +265,7 @@ def compare(results: Results) -> dict[str, Any]:
         naive, scaled = results.values("unchanged", b), results.values("scaled", b)
         lost = float(np.mean(base) - np.mean(naive))
         won = float(np.mean(scaled) - np.mean(naive))
-        row = {"batch": b, "unchanged": naive, "scaled": scaled, "lost": lost, "won": won,
+        row: dict[str, Any] = {"batch": b, "unchanged": naive, "scaled": scaled, "lost": lost, "won": won,
                "won_fraction": won / lost if lost > 0 else float("nan"),
                "scaled_beyond_spread": beyond_spread(naive, scaled),
                "short_of_base": float(np.mean(base) - np.mean(scaled)),

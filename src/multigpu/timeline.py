@@ -131,7 +131,8 @@ def spans(events: Sequence[dict[str, Any]]) -> list[Span]:
     stacks: dict[int, list[tuple[str, float]]] = defaultdict(list)
     out: list[Span] = []
     for e in events:
-        ph, pid = e.get("ph"), e.get("pid")
+        ph = e.get("ph")
+        pid: Any = e.get("pid")
         if ph == "B":
             stacks[pid].append((e["name"], e["ts"] / 1e6))
         elif ph == "E" and stacks[pid]:
@@ -207,7 +208,7 @@ def plot(
     first: dict[str, float] = {}
     for s in chosen:
         first[s.tensor] = min(first.get(s.tensor, s.start), s.start)
-    tensors = sorted(first, key=first.get)[:max_tensors]  # type: ignore[arg-type]
+    tensors = sorted(first, key=first.__getitem__)[:max_tensors]
     row = {t: i for i, t in enumerate(tensors)}
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.28 * len(tensors) + 1.5))

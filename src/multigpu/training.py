@@ -26,8 +26,8 @@ from torch import nn
 
 from .meters import AverageMeter, ThroughputMeter
 from .models import CPU_IMAGE_SIZE
-from .schedules import constant, step_decay
 from .notebook import progress as _progress
+from .schedules import constant, step_decay
 
 Average = Callable[[float, str], float]
 
@@ -221,6 +221,8 @@ def train(
         epoch_time = time.perf_counter() - t0
         train_time += epoch_time
 
+        val_loss: float | None
+        val_acc: float | None
         if val_loader is not None:
             val_loss, val_acc = evaluate(model, val_loader, device, loss_fn)
             val_loss, val_acc = average(val_loss, "val_loss"), average(val_acc, "val_acc")

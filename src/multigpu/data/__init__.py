@@ -33,6 +33,14 @@ the whole batch in a few vectorised operations (:meth:`ImageTransform.batch`).
 
 from __future__ import annotations
 
+from .datasets import (  # noqa: F401
+    IMAGE_EXTENSIONS,
+    JPEGFolder,
+    SyntheticImages,
+    WithIndex,
+    decode,
+    find_classes,
+)
 from .generate import (  # noqa: F401
     DEFAULTS,
     FORMAT_VERSION,
@@ -51,21 +59,15 @@ from .generate import (  # noqa: F401
     read_meta,
     render_image,
 )
-from .datasets import (  # noqa: F401
-    IMAGE_EXTENSIONS,
-    decode,
-    find_classes,
-    JPEGFolder,
-    SyntheticImages,
-    WithIndex,
+from .loader import (  # noqa: F401
+    load_datasets,
+    make_loader,
 )
 from .transforms import (  # noqa: F401
     MEAN,
     STD,
     CenterCrop,
-    collate,
     Compose,
-    finish,
     ImageTransform,
     Normalize,
     Pixels,
@@ -73,10 +75,8 @@ from .transforms import (  # noqa: F401
     RandomHorizontalFlip,
     Resize,
     ToTensor,
+    collate,
+    finish,
     train_transform,
     val_transform,
-)
-from .loader import (  # noqa: F401
-    load_datasets,
-    make_loader,
 )

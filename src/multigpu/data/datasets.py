@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from PIL import Image
@@ -14,7 +14,6 @@ from torch.utils.data import Dataset
 
 from ..models import CPU_IMAGE_SIZE
 from .transforms import ImageTransform
-
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".tif", ".tiff")
 
@@ -144,7 +143,7 @@ class WithIndex(Dataset):
         self.classes = getattr(dataset, "classes", None)
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(cast(Sized, self.dataset))
 
     def __getitem__(self, i: int):
         image, label = self.dataset[i]

@@ -186,7 +186,7 @@ def render_image(shape: str, rng: np.random.Generator, image_size: int = CPU_IMA
             r = rng.uniform(2, big * 0.06)
             x, y = (float(v) for v in rng.uniform(0, big, size=2))
             draw.ellipse((x - r, y - r, x + r, y + r), fill=col)
-    canvas = canvas.resize((s, s), Image.BILINEAR)
+    canvas = canvas.resize((s, s), Image.Resampling.BILINEAR)
     if rng.random() < STYLE["blur_prob"]:
         canvas = canvas.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(0.3, 1.0))))
     # Sensor-like noise.

@@ -12,7 +12,6 @@ from torch.utils.data import default_collate
 
 from ..models import CPU_IMAGE_SIZE
 
-
 #: Channel mean and standard deviation used to normalise inputs (the usual ImageNet values).
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -47,7 +46,7 @@ class Resize:
             new = (self.size, max(1, round(h * self.size / w)))
         else:
             new = (max(1, round(w * self.size / h)), self.size)
-        return img.resize(new, Image.BILINEAR)
+        return img.resize(new, Image.Resampling.BILINEAR)
 
     def __repr__(self) -> str:
         return f"Resize({self.size})"

@@ -59,7 +59,7 @@ def grader_version() -> str:
     return multigpu.__version__ + (f"+g{commit[:12]}" if commit else "")
 
 
-def identity(raw: bytes) -> dict[str, str]:
+def identity(raw: bytes) -> dict[str, Any]:
     """What a result records about what graded what: ``source_sha256`` and ``grader_version``."""
     return {"source_sha256": sha256(raw), "grader_version": grader_version()}
 

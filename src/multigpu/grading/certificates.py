@@ -335,7 +335,7 @@ def _status(credential: dict[str, Any], record: dict[str, Any], list_file: Path 
     except (KeyError, ValueError) as e:
         raise CertificateError(f"the status list cannot be read ({e})") from None
     if revoked:
-        why = next((r for r in subject.get("revocations") or [] if r.get("statusListIndex") == str(index)), {})
+        why: dict[str, str] = next((r for r in subject.get("revocations") or [] if r.get("statusListIndex") == str(index)), {})
         raise Revoked(record, why)
     return f"not revoked (status list of {listed.get('validFrom')})"
 
@@ -381,7 +381,7 @@ def publish_issuer(outdir: str | os.PathLike, folder: str | os.PathLike, key: Ed
         registry = status_list.Registry.open(folder)
     except status_list.StatusError as e:
         raise CertificateError(f"{e}: issue certificates first (multigpu certify)") from None
-    return openbadges.publish(outdir, issuer_url=registry.issuer_url, course=COURSE, key=key,
+    return openbadges.publish(Path(outdir), issuer_url=registry.issuer_url, course=COURSE, key=key,
                               status_token=_status_token(registry, key), public_text=_public_text(key.public_key()))
 
 

@@ -180,7 +180,7 @@ def save_result(result: GradeResult, path: str | os.PathLike = RESULT_FILE) -> P
 
 
 def _all_fail(script: str, settings: Settings, message: str, *, sandboxed: bool = True,
-              **identity: str) -> GradeResult:
+              **identity: Any) -> GradeResult:
     """Every criterion failed with ``message`` (by default: nothing of the submission ran, so
     nothing escaped a sandbox); ``identity``: :func:`audit.identity` of the source."""
     return GradeResult(script, settings, {n: Criterion(n, p, False, message) for n, p in POINTS.items()},
@@ -323,7 +323,7 @@ def gradient_round_ends(events: Sequence[Any], weights: dict[str, torch.Tensor])
     ends: dict[tuple[int, ...], list[float]] = {s: [] for s in wanted}
     for pid, ts, args in _completed_allreduces(events, names):
         shape = _timeline_shape(args.get("shape"))
-        if shape in wanted:
+        if shape is not None and shape in wanted:
             ends[shape].append(float(ts) if isinstance(ts, (int, float)) and math.isfinite(ts) else math.inf)
     rounds = min(len(ends[s]) // k for s, k in wanted.items())
     for times in ends.values():
@@ -444,7 +444,8 @@ def horovod_averaging(path: Path | None, weights: dict[str, torch.Tensor], sampl
         return {"ok": False, "measurements": {"horovod_timeline_bytes": None}, "message": (
             f"the Horovod timeline of the run could not be read ({why}), so the grader cannot see "
             f"Horovod average the gradients: {tamper}{big}")}
-    rounds, late, measured = len(round_ends), 0, {"horovod_timeline_bytes": size}
+    rounds, late = len(round_ends), 0
+    measured: dict[str, Any] = {"horovod_timeline_bytes": size}
     if clock is not None:
         counted, misfit = rounds_while_training(events, round_ends, clock)
         if misfit:
@@ -651,7 +652,7 @@ def run_failure(rec: runner.RunRecord, settings: Settings) -> str | None:
 
 
 def sandbox_rules(train_root: Path, extra_hidden: Sequence[os.PathLike | str] = (),
-                  readable: Sequence[os.PathLike | str] = ()) -> dict[str, list]:
+                  readable: Sequence[os.PathLike | str] = ()) -> dict[str, Sequence[str | os.PathLike]]:
     """What a grading run may read and what it must not see (see :mod:`multigpu.grading.sandbox`):
     the training set readable; the course key's folder, the data cache (the grader's held-out set
     is elsewhere, in its private folder under the hidden /tmp), every ``grading/`` folder
@@ -691,7 +692,7 @@ def _baseline(settings: Settings, workdir: Path, train_root: Path, index: int, l
     return value
 
 
-def agreeing_baselines(values: Sequence[float], tolerance: float) -> list[float] | None:
+def agreeing_baselines(values: Sequence[float | None], tolerance: float) -> list[float] | None:
     """The largest group of baseline measurements within ``tolerance`` (max/min - 1) of each
     other, at least two; None when no two agree (the machine's speed changed under the grading)."""
     vs = sorted(v for v in values if v)
@@ -834,7 +835,7 @@ def horovod_unavailable(sandbox_rules_: dict | None) -> str | None:
     controller = launch.horovod_controller()
     argv = [sys.executable, "-c", _HOROVOD_PROBE]
     where = "inside the grading sandbox" if sandboxed else "on this machine"
-    if sandboxed:  # as sandbox.unavailable probes: nothing to write, so no work folder
+    if sandbox_rules_ is not None:  # as sandbox.unavailable probes: nothing to write, so no work folder
         argv = sb.command(argv, workdir=Path("/"), writable=False, readable=sandbox_rules_.get("readable", ()),
                           hidden=sandbox_rules_.get("hidden", ()))
     try:
@@ -888,7 +889,7 @@ def judge(
     return crit
 
 
-def _judge_workers(rec: runner.RunRecord, ckpts: dict[tuple[int, int], Path], settings: Settings, failure: str,
+def _judge_workers(rec: runner.RunRecord, ckpts: dict[tuple[int, int], Path], settings: Settings, failure: str | None,
                    uses_horovod: bool, m: dict[str, Any]) -> tuple[Criterion, list[int]]:
     """A clean run, and a checkpoint from every rank for every epoch; also the complete epochs."""
     n = settings.workers
@@ -930,7 +931,7 @@ def _judge_workers(rec: runner.RunRecord, ckpts: dict[tuple[int, int], Path], se
 
 
 def _load_complete(ckpts: dict[tuple[int, int], Path], complete: list[int], n: int,
-                   failure: str) -> tuple[dict[tuple[int, int], dict], str]:
+                   failure: str | None) -> tuple[dict[tuple[int, int], dict], str]:
     """The checkpoints of the complete epochs (ranks of one epoch are compared with each other),
     and why there is nothing to judge ("" when there is)."""
     loaded: dict[tuple[int, int], dict] = {}
@@ -1077,7 +1078,7 @@ def _judge_throughput(rec: runner.RunRecord, loaded: dict[tuple[int, int], dict]
     is None when there is nothing to judge."""
     n = settings.workers
     usable = loaded is not None
-    images = _images_per_epoch(loaded) if usable else {}
+    images = _images_per_epoch(loaded) if loaded is not None else {}
     throughput = run_throughput(rec, images) if usable else None
     baselines = m.get("baselines") or []
     agreeing = agreeing_baselines(baselines, settings.baseline_tolerance) if len(baselines) >= 2 else baselines

@@ -34,7 +34,7 @@ import shutil
 import warnings
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -64,7 +64,7 @@ class CredentialError(ValueError):
     """A credential that does not verify; the message says why."""
 
 
-def jwk(public: Ed25519PublicKey) -> dict[str, str]:
+def jwk(public: Ed25519PublicKey) -> dict[str, Any]:
     """The public key as a JWK (``OKP``, ``Ed25519``), its ``kid`` the RFC 7638 thumbprint."""
     key = OKPKey.import_key(public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return {**key.as_dict(private=False), "kid": key.thumbprint(), "alg": ALG, "use": "sig"}
@@ -243,7 +243,7 @@ def token_of(text: str) -> str:
     if doc.get("type") != "EnvelopedVerifiableCredential" or not str(ident).startswith(ENVELOPE_PREFIX):
         raise CredentialError("not an Open Badges credential of this course (no EnvelopedVerifiableCredential "
                               "holding a JWT)")
-    return ident[len(ENVELOPE_PREFIX):]
+    return cast(str, ident)[len(ENVELOPE_PREFIX):]
 
 
 def page_template() -> str:

@@ -131,8 +131,9 @@ def _link_parents(tree: ast.AST) -> None:
 
 
 def _parents(node: ast.AST) -> Iterator[ast.AST]:
-    while (node := getattr(node, "_review_parent", None)) is not None:
-        yield node
+    parent: ast.AST | None = node
+    while (parent := getattr(parent, "_review_parent", None)) is not None:
+        yield parent
 
 
 def _dotted(node: ast.AST) -> str:
@@ -174,7 +175,8 @@ def _training_nodes(tree: ast.AST) -> set[int]:
     roots = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))
              and any(isinstance(c, ast.Call) and _callee(c) == "backward" for c in ast.walk(n))]
     inside: set[int] = set()
-    todo, done = list(roots), set()
+    todo: list[ast.AST] = list(roots)
+    done: set[int] = set()
     while todo:
         root = todo.pop()
         if id(root) in done:

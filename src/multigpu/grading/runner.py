@@ -27,8 +27,10 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -110,7 +112,7 @@ def _carries_token(proc: psutil.Process, token: str) -> bool:
         return False
 
 
-def kill_job(root_pid: int, token: str, known: set[int] = frozenset()) -> int:
+def kill_job(root_pid: int, token: str, known: AbstractSet[int] = frozenset()) -> int:
     """Kill the job's session, its known descendants and every process carrying ``token``.
     Returns how many processes were signalled."""
     victims: set[int] = set(known) | _descendants(root_pid)
@@ -193,7 +195,7 @@ def run_untrusted(
     proc = launch.start(argv, env=popen_env, cwd=workdir)
     seen: dict[tuple[int, int], float] = {}
     known: set[int] = set()
-    watch = {"peak": 0, "memory_exceeded": False}
+    watch: dict[str, Any] = {"peak": 0, "memory_exceeded": False}
 
     def tick(elapsed: float) -> str:
         """Every POLL_S: the job's memory, the checkpoints written so far, the stop rule."""

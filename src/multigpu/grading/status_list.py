@@ -53,7 +53,7 @@ def encode(revoked: set[int] | list[int], size: int = SIZE) -> str:
     return "u" + base64.urlsafe_b64encode(packed).rstrip(b"=").decode()
 
 
-def decode(encoded: str) -> bytes:
+def decode(encoded: object) -> bytes:
     """The bitstring of an ``encodedList``."""
     if not isinstance(encoded, str) or not encoded.startswith("u"):
         raise StatusError("encodedList must be multibase base64url (it starts with 'u')")

@@ -9,8 +9,7 @@ from typing import Any
 
 import torch
 
-from multigpu import data, models
-from multigpu import training
+from multigpu import data, models, training
 
 
 def parser(description: str) -> argparse.ArgumentParser:

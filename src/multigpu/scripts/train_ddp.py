@@ -29,8 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-from multigpu import data, devices, models, run_records, schedules
-from multigpu import training
+from multigpu import data, devices, models, run_records, schedules, training
 from multigpu.scripts import common
 
 
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed + rank)  # DDP: each rank its own augmentation and dropout
 
     train_set, val_set = common.datasets(args, rank)
-    sampler = DistributedSampler(train_set, num_replicas=size, rank=rank, shuffle=True, seed=args.seed)  # DDP:
+    sampler: DistributedSampler[int] = DistributedSampler(train_set, num_replicas=size, rank=rank, shuffle=True, seed=args.seed)  # DDP:
     train_loader = data.make_loader(train_set, args.batch_size, sampler=sampler, seed=args.seed)
     val_loader = data.make_loader(val_set, 256) if val_set is not None else None
 

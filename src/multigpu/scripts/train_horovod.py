@@ -53,8 +53,7 @@ import horovod.torch as hvd  # Horovod: the PyTorch binding
 import torch
 from torch.utils.data import DistributedSampler
 
-from multigpu import data, devices, models, run_records, schedules
-from multigpu import training
+from multigpu import data, devices, models, run_records, schedules, training
 from multigpu.scripts import common
 
 PIECES = ("optimizer", "broadcast", "sampler", "lr-scaling")
@@ -78,7 +77,7 @@ def worker_device(local_rank: int, local_size: int, threads: int | None = None) 
 def make_train_loader(dataset, batch_size: int, seed: int = 0):
     """Step 3: each worker reads its own shard of the data; return ``(loader, sampler)``."""
     # Horovod: a disjoint 1/size of the data per rank, reshuffled each epoch by set_epoch
-    sampler = DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=seed)
+    sampler: DistributedSampler[int] = DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True, seed=seed)
     return data.make_loader(dataset, batch_size, sampler=sampler, seed=seed), sampler
 
 

@@ -57,6 +57,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .course import (  # noqa: F401 - the bench's names, importable as multigpu.course.bench.X
+    bench_course,
+    bench_grading,
+    run_notebook,
+    solution_notebooks,
+)
+from .network import bench_links  # importable as multigpu.course.bench.bench_links
+from .pipeline import (  # noqa: F401 - the bench's names, importable as multigpu.course.bench.X
+    DecodeBound,
+    bench_pipeline,
+    decode_files,
+)
 from .report import (  # noqa: F401 - the bench's names, importable as multigpu.course.bench.X
     ALLREDUCE_WARMUP,
     CELL_TIMEOUT_S,
@@ -65,8 +77,13 @@ from .report import (  # noqa: F401 - the bench's names, importable as multigpu.
     REPO,
     SECTION_NAMES,
     WORKSHOP_LEARNERS,
-    environ,
     Figure,
+    Plan,
+    Section,
+    Spread,
+    Steps,
+    Target,
+    environ,
     figure_row,
     first_line,
     fmt,
@@ -74,22 +91,12 @@ from .report import (  # noqa: F401 - the bench's names, importable as multigpu.
     machine,
     machine_markdown,
     paired,
-    Plan,
     range_text,
     report_markdown,
-    Section,
     section_markdown,
-    Spread,
     spread,
     steps,
-    Steps,
-    Target,
     write_results,
-)
-from .pipeline import (  # noqa: F401 - the bench's names, importable as multigpu.course.bench.X
-    bench_pipeline,
-    decode_files,
-    DecodeBound,
 )
 from .scaling import (  # noqa: F401 - the bench's names, importable as multigpu.course.bench.X
     CONCURRENT,
@@ -97,13 +104,6 @@ from .scaling import (  # noqa: F401 - the bench's names, importable as multigpu
     LEVERS,
     bench_levers,
     bench_scaling,
-)
-from .network import bench_links  # noqa: F401 - importable as multigpu.course.bench.bench_links
-from .course import (  # noqa: F401 - the bench's names, importable as multigpu.course.bench.X
-    bench_course,
-    bench_grading,
-    run_notebook,
-    solution_notebooks,
 )
 
 # --------------------------------------------------------------------------- the run
@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.monotonic()
         try:
             section = SECTIONS[name](plan, deadline)
-        except Exception as exc:  # noqa: BLE001 - one crashed section must not lose the others' figures
+        except Exception as exc:  # one crashed section must not lose the others' figures
             traceback.print_exc()
             section = Section(name, name, status="error", error=first_line(exc))
         section.seconds = time.monotonic() - t0

@@ -9,8 +9,20 @@ from pathlib import Path
 
 from multigpu.course import layout
 
-from .report import CELL_TIMEOUT_S, Figure, Plan, REPO, Section, Target, WORKSHOP_LEARNERS, environ, first_line, fmt, interleave, steps
-
+from .report import (
+    CELL_TIMEOUT_S,
+    REPO,
+    WORKSHOP_LEARNERS,
+    Figure,
+    Plan,
+    Section,
+    Target,
+    environ,
+    first_line,
+    fmt,
+    interleave,
+    steps,
+)
 
 # --------------------------------------------------------------------------- 3. the course
 
@@ -64,7 +76,7 @@ def bench_course(plan: Plan, deadline: float) -> Section:
             try:
                 figure.samples.append(run_notebook(path, quick=plan.quick))
                 log.finished(f"{name}: {fmt(figure.samples[0], 's')}")
-            except Exception as exc:  # noqa: BLE001 - a failing notebook is reported, the others still run
+            except Exception as exc:  # a failing notebook is reported, the others still run
                 figure.error = first_line(exc)
                 failed.append(name)
                 log.finished(f"{name}: FAILED ({figure.error})")

@@ -5,11 +5,10 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
 
 from .report import Figure, Plan, Section, Target, fmt, interleave, steps
-
 
 # --------------------------------------------------------------------------- 1. input pipeline
 
@@ -57,15 +56,14 @@ class DecodeBound:
 
 def bench_pipeline(plan: Plan, deadline: float) -> Section:
     """Section 1: the default input pipeline against the read + decode bound, interleaved."""
-    from multigpu import data, profiling
-    from multigpu import training
+    from multigpu import data, profiling, training
 
     section = Section("pipeline", "Input pipeline: JPEG read + decode + augment vs read + decode alone")
     root = data.ensure_dataset()
     dataset = data.JPEGFolder(root, data.train_transform(training.REFERENCE.image_size), split="train")
     loader = data.make_loader(dataset, training.REFERENCE.batch_size)  # every other setting at its default
     warmup = 1
-    batches = list(itertools.islice(iter(loader.batch_sampler), warmup, warmup + plan.pipeline_batches))
+    batches = list(itertools.islice(iter(cast(Iterable[list[int]], loader.batch_sampler)), warmup, warmup + plan.pipeline_batches))
     paths = [dataset.samples[i][0] for batch in batches for i in batch]  # exactly the files a timed run loads
     workers = loader.num_workers
     # Where the loader's time beyond read + decode goes: its batch step alone, on samples decoded

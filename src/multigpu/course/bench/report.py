@@ -18,7 +18,6 @@ from multigpu import devices
 from multigpu.course import layout
 from multigpu.notebook import progress
 
-
 V = TypeVar("V")
 
 REPO = layout.course_root()

@@ -14,7 +14,6 @@ from multigpu import devices
 
 from .report import ALLREDUCE_WARMUP, Figure, Plan, Section, Target, fmt, interleave, paired, steps
 
-
 # --------------------------------------------------------------------------- 2. scaling
 
 
