@@ -15,13 +15,14 @@ ALLOW_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo --ServerApp.allow_root=True)
 # the venv's tools first (nbgrader calls `alembic`, notebooks call `horovodrun`)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: sandbox-deps help setup lab lab-instructor test test-fast data info release check-release \
+.PHONY: sandbox-deps help setup lab lab-instructor test test-fast lint data info release check-release \
         clean-notebooks check-notebooks course bench test-deps calibrate collect autograde feedback \
         grades certificates grade-me clean browser-deps test-browser
 
 help:
 	@echo "make lab             start JupyterLab on the course (learner view; builds the environment first)"
 	@echo "make test            check everything: unit tests, Horovod jobs, every notebook, nbgrader round trip"
+	@echo "make lint            ruff over src/ and tests/, mypy over src/ (pyproject.toml): zero findings"
 	@echo "make setup           create .venv (Python 3.11), install the pinned packages, build Horovod"
 	@echo "make info            show the hardware mode, cores/GPUs and the Horovod build"
 	@echo "make data            generate the course's JPEG data set (once)"
@@ -81,6 +82,11 @@ test-deps: browser-deps
 
 test-fast: $(STAMP)
 	MULTIGPU_QUICK=1 $(PY) -m pytest -m "not slow"
+
+# style and types: ruff over src/ and tests/, mypy over src/ (both configured in pyproject.toml)
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
 
 # the grading sandbox (multigpu.grading.sandbox): Debian's bubblewrap; without it grading still
 # gives learners a verdict, marked unsandboxed, but certificates are refused
