@@ -29,9 +29,9 @@ import nbformat
 import pytest
 
 from conftest import REPO
+from multigpu.workshop import jobs
 from test_browser import CHROMIUM, CHROMIUM_ARGS, NO_CHROMIUM
 from test_workshop_hub import HUB_PY, WHY_NOT, running_hub
-from multigpu.workshop import jobs
 
 PROFILE = os.environ.get("MULTIGPU_WORKSHOP_PROFILE", "cpu")
 SHOTS = REPO / "screenshots" / "workshop"

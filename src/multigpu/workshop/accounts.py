@@ -100,7 +100,8 @@ def numbered(count: int, prefix: str = "learner") -> list[str]:
     """``count`` logins ``learner01``, ``learner02``, ... skipping ones that already exist."""
     if count < 1:
         raise AccountError("the number of learners must be at least 1")
-    out, i = [], 1
+    out: list[str] = []
+    i = 1
     while len(out) < count:
         name = f"{prefix}{i:02d}"
         if not exists(name):

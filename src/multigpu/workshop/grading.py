@@ -199,7 +199,8 @@ def official(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) ->
     gradebook, the result file and, where earned, the certificate."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    from multigpu.grading import grader, official as official_grading, rules
+    from multigpu.grading import grader, rules
+    from multigpu.grading import official as official_grading
 
     settings = rules.settings()
     script = submitted / "train.py"

@@ -34,7 +34,7 @@ from multigpu.workshop.layout import Hub
 try:
     from jupyterhub.spawner import LocalProcessSpawner
 except ImportError:  # the course's own venv has no JupyterHub; only the hub's environment needs it
-    LocalProcessSpawner = object  # type: ignore[assignment,misc]
+    LocalProcessSpawner = object
 
 #: Defaults of one learner server's share (a 4-worker lab job uses 2 cores well; see docs/workshop.md).
 LEARNER_CPUS = 2.0
@@ -70,7 +70,7 @@ def server_env(hub: Hub, instructor: bool) -> dict[str, str]:
     }
 
 
-class WorkshopSpawner(LocalProcessSpawner):  # type: ignore[misc,valid-type]
+class WorkshopSpawner(LocalProcessSpawner):
     """LocalProcessSpawner that confines each server (see ``limits``) and gives instructors and
     learners their own view."""
 

@@ -113,7 +113,10 @@ class Queue:
             cur = db.execute("INSERT INTO jobs (submission, student, assignment, submitted, state, created, message) "
                              "VALUES (?, ?, ?, ?, ?, ?, ?)", (submission, student, assignment, submitted, state, now, message))
             db.execute("COMMIT")
-            return self.get(cur.lastrowid)  # type: ignore[return-value]
+        job = self.get(cur.lastrowid) if cur.lastrowid is not None else None
+        if job is None:
+            raise RuntimeError(f"the grading queue {self.path} lost the job it just recorded")
+        return job
 
     def recover(self) -> list[Job]:
         """After a restart: jobs cut off while running go back to the queue (or fail after
@@ -176,7 +179,7 @@ class Queue:
 
     def jobs(self, student: str | None = None) -> list[Job]:
         """Every job (of ``student``), newest first."""
-        sql, args = "SELECT * FROM jobs", ()
+        sql, args = "SELECT * FROM jobs", tuple[str, ...]()
         if student is not None:
             sql, args = sql + " WHERE student = ?", (student,)
         with self._db() as db:

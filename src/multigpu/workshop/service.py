@@ -39,7 +39,7 @@ def grading_cores() -> set[int] | None:
 
 def scan(hub: Hub, queue: jobs.Queue) -> list[jobs.Job]:
     """Record every new submission in the exchange's inbound folder; returns the new jobs."""
-    new = []
+    new: list[jobs.Job] = []
     if not hub.inbound.is_dir():
         return new
     for entry in sorted(os.scandir(hub.inbound), key=lambda e: e.name):
@@ -91,7 +91,7 @@ async def scanner(hub: Hub, queue: jobs.Queue) -> None:
     while True:
         try:
             await loop.run_in_executor(None, scan, hub, queue)
-        except Exception as e:  # noqa: BLE001 - a bad folder in the exchange must not stop the service
+        except Exception as e:
             print(f"grading service: scanning the exchange failed: {e!r}", file=sys.stderr, flush=True)
         await asyncio.sleep(SCAN_S)
 
@@ -108,7 +108,7 @@ async def worker(hub: Hub, queue: jobs.Queue, timeout: float) -> None:
             print(f"grading job {job.id}: {job.student} {job.assignment}", flush=True)
             done = await loop.run_in_executor(None, grade_one, hub, queue, job, timeout)
             print(f"job {job.id}: {done.state}: {done.message.splitlines()[0] if done.message else ''}", flush=True)
-        except Exception as e:  # noqa: BLE001 - the queue must outlive one bad job; the job says what failed
+        except Exception as e:
             print(f"grading service error: {e!r}", file=sys.stderr, flush=True)
             await asyncio.sleep(SCAN_S)
 
