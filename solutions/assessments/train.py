@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class WithIndex(Dataset):
     """Yields ``(image, label, index)``: the index says which sample was trained on."""
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: data.JPEGFolder) -> None:
         self.dataset = dataset
         self.classes = dataset.classes
 
