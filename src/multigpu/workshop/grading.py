@@ -199,7 +199,7 @@ def official(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) ->
     gradebook, the result file and, where earned, the certificate."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    from multigpu.grading import grader, rules
+    from multigpu.grading import audit, grader, rules
     from multigpu.grading import official as official_grading
 
     settings = rules.settings()
@@ -214,6 +214,8 @@ def official(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) ->
                         "your submission is kept") from None
     result.script = f"{job.student}/{layout.ASSESSMENT}/train.py"
     path = hub.results / f"{job.student}.json"
+    if result.source_sha256:  # the audit trail: the graded bytes kept beside the result (multigpu regrade)
+        result.source_file = audit.keep_source(script, path, result.source_sha256)
     grader.save_result(result, path)
     with Gradebook(hub.db_url) as gb:
         for name, criterion in result.criteria.items():
@@ -267,7 +269,7 @@ def certify(hub: Hub, student: str) -> dict[str, Any]:
         key = certificates.load_private_key(os.environ.get("MULTIGPU_CERTIFICATE_KEY") or None)
         record = certificates.make_record(student, student, result, labs={
             "score": labs["score"], "max_score": labs["max_score"], "required_fraction": certificates.LABS_REQUIRED})
-        pdf, js = certificates.issue(record, key, folder)
+        pdf, js = certificates.issue(record, key, folder, issuer_dir=hub.certificates)  # one status list for the hub
         files = {"pdf": str(pdf), "json": str(js)}
         marker.write_text(json.dumps({"result_sha256": digest, "files": files}))
         return {"certificate": files, "certificate_note": "certificate issued"}
