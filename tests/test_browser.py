@@ -30,6 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,23 +217,31 @@ def learner(start_lab) -> Lab:
 
 
 # ------------------------------------------------------------------------------------ the browser
-@pytest.fixture(scope="module")
-def browser():
+@contextmanager
+def headless_chromium() -> Iterator:
+    """Debian's Chromium, headless, through Playwright (every browser test of the course uses this):
+    skipped without Chromium, failed with what to run without playwright."""
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(NO_CHROMIUM)
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.fail("playwright is not installed: run `make test-deps`")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    for old in SHOTS.glob("*.png"):
-        old.unlink()
     with sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             yield chromium
         finally:
             chromium.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with headless_chromium() as chromium:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        for old in SHOTS.glob("*.png"):
+            old.unlink()
+        yield chromium
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from conftest import REPO
 from multigpu.cli import main
 from multigpu.grading import certificates as cert
 from multigpu.grading import openbadges, status_list
+from test_browser import headless_chromium
 from test_certificates import RESULT
 
 ISSUER_URL = "https://multigpu-course.example.org/issuer"
@@ -139,28 +140,10 @@ def multigpu_verdict(path: Path, issued: Issued, capsys) -> tuple[str, str]:
 
 # ---------------------------------------------------------------------------- verifier 3: the page
 
-try:
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, NO_CHROMIUM
-except ImportError:  # the browser test's own dependencies are missing: no Chromium run either
-    CHROMIUM, CHROMIUM_ARGS, NO_CHROMIUM = "", [], "tests/test_browser.py could not be imported"
-
-
 @pytest.fixture(scope="module")
 def browser():
-    import os
-
-    if not CHROMIUM or not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(NO_CHROMIUM)
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("playwright is not installed: run `make test-deps`")
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with headless_chromium() as chromium:
+        yield chromium
 
 
 def page_verdict(browser, site: Path, *files: Path, shot: str | None = None) -> tuple[str, str]:

@@ -30,7 +30,7 @@ import pytest
 
 from conftest import REPO
 from multigpu.workshop import jobs
-from test_browser import CHROMIUM, CHROMIUM_ARGS, NO_CHROMIUM
+from test_browser import CHROMIUM, NO_CHROMIUM, headless_chromium
 from test_workshop_hub import HUB_PY, WHY_NOT, running_hub
 
 PROFILE = os.environ.get("MULTIGPU_WORKSHOP_PROFILE", "cpu")
@@ -90,12 +90,9 @@ def open_assignment_list(page) -> None:
 def test_workshop_in_a_browser(tmp_path):
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(NO_CHROMIUM)
-    from playwright.sync_api import sync_playwright
-
     tag = f"mgw{os.getpid() % 100000}"
     with running_hub(tag, PROFILE, MULTIGPU_HUB_SERVER_ARGS="--LabApp.expose_app_in_browser=True",
-                     MULTIGPU_GRADING_CORES="0") as hub, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+                     MULTIGPU_GRADING_CORES="0") as hub, headless_chromium() as browser:
         a, b = sorted(hub.learners)
 
         # the instructor releases Lab 0 and the assessment

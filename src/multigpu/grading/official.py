@@ -65,23 +65,36 @@ class Graded:
     gradebook: str  # what happened to the gradebook
 
 
-def record_in_gradebook(db_url: str, student: str, result: grader.GradeResult) -> str:
+def record_in_gradebook(db_url: str, student: str, result: grader.GradeResult, assignment: str = ASSIGNMENT) -> str:
     """Set the assessment's graded cells of ``student`` to ``result``'s points (manual scores)."""
     from nbgrader.api import Gradebook, MissingEntry
 
     with Gradebook(db_url) as gb:
         try:
-            gb.find_submission_notebook(NOTEBOOK, ASSIGNMENT, student)
+            gb.find_submission_notebook(NOTEBOOK, assignment, student)
         except MissingEntry:
             return "no autograded assessment in the gradebook (run nbgrader autograde first): not recorded"
         for name, criterion in result.criteria.items():
             try:
-                grade = gb.find_grade(grade_id(name), NOTEBOOK, ASSIGNMENT, student)
+                grade = gb.find_grade(grade_id(name), NOTEBOOK, assignment, student)
             except MissingEntry:
                 continue
             grade.manual_score = float(criterion.earned)
         gb.db.commit()
     return f"recorded {result.score}/{result.max_score} in the gradebook"
+
+
+def grade_and_keep(script: Path, name: str, settings: rules.Settings, result_file: Path, *,
+                   hidden: list[Path], log: Callable[[str], None]) -> grader.GradeResult:
+    """One official grading: ``script`` graded in the sandbox (``name`` is how the result names it),
+    the graded bytes kept beside ``result_file`` (the audit trail :mod:`regrade` reads), the result saved."""
+    result = grader.grade(script, settings, sandbox="required", hidden=hidden, log=log)
+    result.script = name
+    result_file.parent.mkdir(parents=True, exist_ok=True)
+    if result.source_sha256:
+        result.source_file = audit.keep_source(script, result_file, result.source_sha256)
+    grader.save_result(result, result_file)
+    return result
 
 
 def grade_submissions(
@@ -101,14 +114,9 @@ def grade_submissions(
     for i, student in enumerate(s for s in found if students is None or s in students):
         script = submitted / student / ASSIGNMENT / "train.py"
         log(f"[{i + 1}/{len(found)}] grading {student} (sandboxed, profile '{settings.profile}')")
-        result = grader.grade(script, settings, sandbox="required", hidden=[grading],
-                              log=lambda m: log(f"    {m}"))
-        result.script = f"{student}/{ASSIGNMENT}/train.py"
         path = result_path(grading, student)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if result.source_sha256:
-            result.source_file = audit.keep_source(script, path, result.source_sha256)
-        grader.save_result(result, path)
+        result = grade_and_keep(script, f"{student}/{ASSIGNMENT}/train.py", settings, path, hidden=[grading],
+                                log=lambda m: log(f"    {m}"))
         note = record_in_gradebook(db_url, student, result) if (grading / "gradebook.db").exists() else "no gradebook"
         verdict = ("PASSED, HELD FOR REVIEW (multigpu review)" if result.held
                    else "PASSED" if result.passed else "not passed")

@@ -197,9 +197,7 @@ def labs_score(hub: Hub, student: str) -> dict[str, Any]:
 def official(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Step 3: the sandboxed official grading of the assessment's train.py, its points in the
     gradebook, the result file and, where earned, the certificate."""
-    from nbgrader.api import Gradebook, MissingEntry
-
-    from multigpu.grading import audit, grader, rules
+    from multigpu.grading import grader, rules
     from multigpu.grading import official as official_grading
 
     settings = rules.settings()
@@ -208,24 +206,12 @@ def official(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) ->
         raise JobFailed("the submission has no train.py: submit the assessment folder with your converted train.py")
     log(f"official grading of train.py (sandboxed, profile '{settings.profile}')")
     try:
-        result = grader.grade(script, settings, sandbox="required", hidden=[hub.root], log=log)
+        result = official_grading.grade_and_keep(script, f"{job.student}/{layout.ASSESSMENT}/train.py", settings,
+                                                 hub.results / f"{job.student}.json", hidden=[hub.root], log=log)
     except grader.GradingUnavailable as e:
         raise JobFailed(f"the grading machine cannot grade right now ({e}); the instructor has been told, "
                         "your submission is kept") from None
-    result.script = f"{job.student}/{layout.ASSESSMENT}/train.py"
-    path = hub.results / f"{job.student}.json"
-    if result.source_sha256:  # the audit trail: the graded bytes kept beside the result (multigpu regrade)
-        result.source_file = audit.keep_source(script, path, result.source_sha256)
-    grader.save_result(result, path)
-    with Gradebook(hub.db_url) as gb:
-        for name, criterion in result.criteria.items():
-            try:
-                grade = gb.find_grade(official_grading.grade_id(name), official_grading.NOTEBOOK, layout.ASSESSMENT,
-                                      job.student)
-            except MissingEntry:
-                continue
-            grade.manual_score = float(criterion.earned)
-        gb.db.commit()
+    official_grading.record_in_gradebook(hub.db_url, job.student, result, layout.ASSESSMENT)
     out: dict[str, Any] = {"official": result.to_dict(), "report": result.report()}
     out.update(certify(hub, job.student))
     return out
