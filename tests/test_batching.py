@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from multigpu import batching
+from multigpu.labs.lab1 import batching
 
 
 class Labelled(Dataset):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from multigpu import data, devices
+from multigpu.core import data, devices
 from multigpu.course import bench
 
 

@@ -394,7 +394,7 @@ def test_progress_bar_is_a_widget_in_jupyterlab(page, learner):
     scratch.cells = [
         nbformat.v4.new_code_cell(
             "import time\n"
-            "from multigpu.notebook import in_jupyter, progress\n"
+            "from multigpu.core.notebook import in_jupyter, progress\n"
             "print('widget mode:', in_jupyter())\n"
             "for _ in progress(range(40), desc='demo', unit='step'):\n"
             "    time.sleep(0.05)"
@@ -426,7 +426,7 @@ def test_progress_bar_is_rare_plain_text_under_papermill(tmp_path, monkeypatch):
     source.cells = [
         nbformat.v4.new_code_cell(
             "import time\n"
-            "from multigpu.notebook import in_jupyter, progress\n"
+            "from multigpu.core.notebook import in_jupyter, progress\n"
             "print('widget mode:', in_jupyter())\n"
             "for _ in progress(range(300), desc='demo'):\n"
             "    time.sleep(0.01)"

@@ -1,4 +1,4 @@
-"""multigpu.costs: time to train, the bill, and spot interruptions (checked against a simulation)."""
+"""multigpu.labs.lab4.costs: time to train, the bill, and spot interruptions (checked against a simulation)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from multigpu import costs
+from multigpu.labs.lab4 import costs
 
 
 def simulate(hours, rate, rng, tau=None, c=0.0, r=0.0, trials=20000):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from multigpu import data
+from multigpu.core import data
 
 SMALL = dict(classes=3, train_per_class=4, val_per_class=2, image_size=32)
 
@@ -333,7 +333,7 @@ def test_loader_with_workers_is_deterministic_by_seed(tmp_path):
 
 
 def test_in_memory_finishes_pixels(tmp_path):
-    from multigpu import batching
+    from multigpu.labs.lab1 import batching
 
     root = data.generate_dataset(tmp_path / "g", seed=0, progress=False, **SMALL)
     ds = data.JPEGFolder(root, data.val_transform(32), split="train")

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from multigpu import devices
+from multigpu.core import devices
 
 
 def cpu_info(cores: int) -> devices.MachineInfo:

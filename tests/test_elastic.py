@@ -1,4 +1,4 @@
-"""multigpu.elastic and scripts/train_elastic: a worker killed mid-epoch, training goes on, and the
+"""multigpu.labs.lab4.elastic and scripts/train_elastic: a worker killed mid-epoch, training goes on, and the
 ledger accounts for every sample."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from multigpu import elastic, launch
+from multigpu.labs.lab4 import elastic
+from multigpu.running import launch
 
 
 @contextlib.contextmanager
@@ -123,7 +124,8 @@ def test_a_restart_from_rank_0s_checkpoint_keeps_the_copies_identical_only_with_
     The optimizer's state first, then the weights: identical."""
     import torch
 
-    from multigpu import launch, models, training
+    from multigpu.core import models, training
+    from multigpu.running import launch
 
     torch.manual_seed(1)
     model = models.build_model("alexnet_small")

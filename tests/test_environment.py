@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from conftest import REPO, VENV_BIN
-from multigpu import launch
+from multigpu.running import launch
 
 
 def pins_pyproject() -> dict[str, str]:

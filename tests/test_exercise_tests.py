@@ -19,7 +19,7 @@ import pytest
 
 import test_ring
 from conftest import REPO
-from multigpu import launch
+from multigpu.running import launch
 
 NOTEBOOKS = REPO / "solutions" / "notebooks"
 
@@ -366,7 +366,7 @@ WRONG = [
         HOSTFILE_COMMAND = "horovodrun -np 8 --hostfile hosts.txt --network-interface eth0 python train.py"
      """, "add --hierarchical-allreduce"),
     ("04-beyond-one-box", "one_box", "test_one_box", """
-        ONE_BOX_COMMAND = "horovodrun -np 4 -H localhost:4 python -m multigpu.scripts.train_horovod"
+        ONE_BOX_COMMAND = "horovodrun -np 4 -H localhost:4 python -m multigpu.running.scripts.train_horovod"
      """, "name 2 hosts, one per machine"),
     ("04-beyond-one-box", "make_state", "test_make_state", """
         def make_state(model, optimizer, sampler):

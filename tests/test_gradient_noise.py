@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from multigpu import gradient_noise, toy
+from multigpu.labs.lab1 import gradient_noise, toy
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ import psutil
 import pytest
 import torch
 
-from multigpu import launch
 from multigpu.grading import audit, grader, rules, runner, variants
+from multigpu.running import launch
 
 QUICK = rules.QUICK
 BROKEN_SETTINGS = QUICK.replace(workers=2, baseline_repeats=0, time_budget_s=150.0)
@@ -275,7 +275,7 @@ def test_noisy_baselines_give_no_throughput_verdict():
 
 
 def test_the_same_shard_every_epoch_is_named_a_missing_set_epoch(tmp_path):
-    from multigpu import data
+    from multigpu.core import data
 
     train_root = data.ensure_dataset(train_per_class=QUICK.train_per_class, val_per_class=QUICK.val_per_class,
                                      progress=False)
@@ -363,7 +363,7 @@ UNNAMED = _shapes(torch.nn.Linear(6, 5))
 
 
 def test_the_timeline_of_a_real_horovod_run_counts_its_gradient_rounds(real_timeline):
-    from multigpu import timeline
+    from multigpu.running import timeline
 
     events = timeline.load(real_timeline, max_bytes=rules.MAX_TIMELINE_BYTES)
     names = {e["args"]["name"] for e in events if e.get("ph") == "M" and "name" in e.get("args", {})}
@@ -509,7 +509,7 @@ def _fake_run(tmp_path: Path, indices: dict[int, list[int]], epochs=(1, 2)) -> d
 
 
 def _quick_train_root():
-    from multigpu import data
+    from multigpu.core import data
 
     root = data.ensure_dataset(train_per_class=QUICK.train_per_class, val_per_class=QUICK.val_per_class, progress=False)
     return root, len(data.JPEGFolder(root, None, split="train"))
@@ -550,7 +550,7 @@ def test_an_efficiency_above_the_ideal_is_never_a_pass(tmp_path):
 
 def _clock(real_timeline: Path, shift_s: float, trained_until: float | None = None) -> grader.RunClock:
     """A run clock that puts the real timeline's start ``shift_s`` after the run's start."""
-    from multigpu import timeline
+    from multigpu.running import timeline
 
     start = grader.timeline_start(timeline.load(real_timeline, max_bytes=rules.MAX_TIMELINE_BYTES))
     return grader.RunClock(started_at=start - shift_s, wall_s=60.0,

@@ -1,4 +1,4 @@
-"""multigpu.hvdtools: composing the learner's script, reading runs; Horovod's patched wait."""
+"""multigpu.running.hvdtools: composing the learner's script, reading runs; Horovod's patched wait."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import ast
 import numpy as np  # a module the reference script does not import
 import pytest
 
-from multigpu import hvdtools
+from multigpu.running import hvdtools
 
 
 def lr_schedule(base_lr, warmup_epochs):
@@ -35,7 +35,7 @@ def test_compose_replaces_exactly_the_given_steps(tmp_path):
     ref_funcs = {n.name: n for n in ast.parse(ref).body if isinstance(n, ast.FunctionDef)}
     for name in ("init_horovod", "average_metric", "main"):
         assert ast.get_source_segment(text, funcs[name]) == ast.get_source_segment(ref, ref_funcs[name])
-    assert text.startswith("# Written by multigpu.hvdtools.compose_script")
+    assert text.startswith("# Written by multigpu.running.hvdtools.compose_script")
 
 
 def test_compose_refuses_unknown_steps_and_foreign_names(tmp_path):
@@ -76,7 +76,7 @@ def test_horovods_wait_sleeps_instead_of_spinning():
     """The project's Horovod patch (item 4): ``hvd.synchronize`` sleeps until the all-reduce is
     done. Stock Horovod polls and yields in a loop, which takes a whole core for the wait (its
     CPU time would be about its wall time), the core a CPU worker's all-reduce needs."""
-    from multigpu import launch
+    from multigpu.running import launch
 
     (cpu, wall, total), _ = launch.run_horovod(_late_allreduce, 2, args=(1.0,), echo=False, timeout=120)
     assert total == 2.0

@@ -1,4 +1,4 @@
-"""multigpu.large_batch: LARS's trust ratio and the optimizer that applies it (Lab 1, part 5)."""
+"""multigpu.labs.lab1.large_batch: LARS's trust ratio and the optimizer that applies it (Lab 1, part 5)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from multigpu import large_batch
+from multigpu.labs.lab1 import large_batch
 
 
 def test_trust_ratio_is_eta_weight_norm_over_gradient_norm_plus_decay():

@@ -1,4 +1,4 @@
-"""multigpu.launch: every job ends, with the right values or a clear error."""
+"""multigpu.running.launch: every job ends, with the right values or a clear error."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from multigpu import launch
+from multigpu.running import launch
 
 
 def allreduce_sum(rank, world_size, scale):
@@ -26,7 +26,7 @@ def test_run_returns_each_rank_value_in_order():
 
 
 def test_run_uses_one_thread_per_worker_when_workers_outnumber_cores():
-    from multigpu import devices
+    from multigpu.core import devices
 
     n = devices.cpu_cores() + 1
     values = launch.run(allreduce_sum, n, args=(0,), timeout=120, echo=False)
@@ -38,7 +38,7 @@ def mode_of_worker(rank, world_size):
 
     import torch.distributed as dist
 
-    from multigpu import devices
+    from multigpu.core import devices
 
     return os.environ.get("MULTIGPU_FORCE_CPU"), devices.detect().mode, dist.get_backend()
 
@@ -46,7 +46,7 @@ def mode_of_worker(rank, world_size):
 def test_on_a_one_gpu_machine_a_two_worker_job_runs_cpu_workers_and_says_so(monkeypatch, capsys):
     import torch
 
-    from multigpu import devices
+    from multigpu.core import devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the launcher sees 1 GPU
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -1,11 +1,11 @@
-"""multigpu.course.layout: one answer to "where is the course", from the package, the environment or the cwd."""
+"""multigpu.core.layout: one answer to "where is the course", from the package, the environment or the cwd."""
 
 from __future__ import annotations
 
 import pytest
 
 from conftest import REPO
-from multigpu.course import layout
+from multigpu.core import layout
 
 
 def test_the_checkout_is_the_course_root(monkeypatch):

@@ -1,10 +1,11 @@
-"""multigpu.links: Horovod jobs behind an emulated link (a rate-limited loopback in a namespace)."""
+"""multigpu.labs.lab4.links: Horovod jobs behind an emulated link (a rate-limited loopback in a namespace)."""
 
 from __future__ import annotations
 
 import pytest
 
-from multigpu import launch, links
+from multigpu.labs.lab4 import links
+from multigpu.running import launch
 
 WHY_NOT = links.unavailable()
 needs_namespaces = pytest.mark.skipif(WHY_NOT is not None, reason=f"no emulated links here: {WHY_NOT}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from multigpu.meters import AverageMeter, ThroughputMeter
+from multigpu.core.meters import AverageMeter, ThroughputMeter
 
 
 class FakeClock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from multigpu import models
+from multigpu.core import models
 
 
 def test_alexnet_parameter_count():

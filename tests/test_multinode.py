@@ -1,11 +1,12 @@
-"""multigpu.multinode: the multi-node horovodrun command, read with Horovod's own parser, and the
+"""multigpu.labs.lab4.multinode: the multi-node horovodrun command, read with Horovod's own parser, and the
 2 x 2 rehearsal on one machine."""
 
 from __future__ import annotations
 
 import pytest
 
-from multigpu import launch, multinode
+from multigpu.labs.lab4 import multinode
+from multigpu.running import launch
 
 GOOD = "horovodrun -np 8 -H node1:4,node2:4 --network-interface eth0 --hierarchical-allreduce python train.py --epochs 5"
 HOSTFILE = "# two servers of 4 GPUs\nnode1 slots=4\n\nnode2 slots=4\n"

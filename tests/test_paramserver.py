@@ -1,11 +1,13 @@
-"""multigpu.paramserver: rank 0 averages every gradient; traffic through it grows with N."""
+"""multigpu.labs.lab2.paramserver: rank 0 averages every gradient; traffic through it grows with N."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from multigpu import launch, models, paramserver
+from multigpu.core import models
+from multigpu.labs.lab2 import paramserver
+from multigpu.running import launch
 
 
 def test_flat_gradient_round_trip():
@@ -21,7 +23,7 @@ def test_flat_gradient_round_trip():
 def average_worker(rank, world_size):
     import torch
 
-    from multigpu import paramserver
+    from multigpu.labs.lab2 import paramserver
 
     p = torch.nn.Parameter(torch.zeros(5))
     p.grad = torch.full((5,), float(rank + 1))
@@ -54,7 +56,7 @@ def test_scaling_run_reports_every_worker_count_with_the_expected_traffic():
 
 @pytest.mark.gpu
 def test_dataparallel_runs_on_the_visible_gpus():
-    from multigpu.models import build_model
+    from multigpu.core.models import build_model
 
     rate = paramserver.dataparallel_images_per_s(build_model("alexnet", 1000), batch_size=64, steps=2, warmup=1)
     assert rate > 0

@@ -10,7 +10,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from multigpu import plots, toy
+from multigpu.figures import plots
+from multigpu.labs.lab1 import toy
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +69,7 @@ def test_path_explorer_redraws_with_the_given_epoch_function(problem, monkeypatc
     pytest.importorskip("ipywidgets")
     calls = []
     assert plots.path_explorer(problem, batch_sizes=(4, 16, 64), epochs=1) is None  # headless: one static drawing
-    monkeypatch.setattr("multigpu.notebook.in_jupyter", lambda: True)  # a JupyterLab kernel: the sliders
+    monkeypatch.setattr("multigpu.core.notebook.in_jupyter", lambda: True)  # a JupyterLab kernel: the sliders
 
     def epoch_fn(theta, x, y, batch_size, lr, rng):
         calls.append((batch_size, lr))

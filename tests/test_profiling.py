@@ -1,11 +1,12 @@
-"""multigpu.profiling: stage timers, model-alone and loader-alone throughput, profiler table."""
+"""multigpu.labs.lab2.profiling: stage timers, model-alone and loader-alone throughput, profiler table."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from multigpu import data, models, profiling
+from multigpu.core import data, models
+from multigpu.labs.lab2 import profiling
 
 
 @pytest.fixture(scope="module")

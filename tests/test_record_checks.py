@@ -1,4 +1,4 @@
-"""multigpu.record_checks: each fact check passes on a correct run and fails, with advice, on a broken one."""
+"""multigpu.labs.lab3.record_checks: each fact check passes on a correct run and fails, with advice, on a broken one."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from multigpu import record_checks
+from multigpu.labs.lab3 import record_checks
 
 
 def good_records(size: int = 2, n: int = 8) -> list[dict]:

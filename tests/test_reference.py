@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from multigpu import reference
+from multigpu.figures import reference
 
 
 def test_every_shipped_reference_file_names_its_machine_date_and_figures():

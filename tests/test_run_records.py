@@ -1,4 +1,4 @@
-"""multigpu.run_records: reading the scripts' run records into scaling rows (Lab 3, make bench)."""
+"""multigpu.running.run_records: reading the scripts' run records into scaling rows (Lab 3, make bench)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from multigpu import run_records
+from multigpu.running import run_records
 
 
 def _records(rate: float, n: int, tta=None) -> list[dict]:

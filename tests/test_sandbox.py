@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from multigpu import data
+from multigpu.core import data
 from multigpu.grading import grader, rules, runner, sandbox
 
 pytestmark = pytest.mark.skipif(sandbox.unavailable() is not None, reason=f"no sandbox: {sandbox.unavailable()}")

@@ -1,10 +1,10 @@
-"""multigpu.scaling_model: the scaling model's formulas, presets and published shape."""
+"""multigpu.labs.lab2.scaling_model: the scaling model's formulas, presets and published shape."""
 
 from __future__ import annotations
 
 import pytest
 
-from multigpu import scaling_model
+from multigpu.labs.lab2 import scaling_model
 
 
 def test_ring_time_is_latency_plus_bandwidth_term():

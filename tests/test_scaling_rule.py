@@ -1,4 +1,4 @@
-"""multigpu.scaling_rule: Lab 1's large-batch experiment (the linear scaling rule and LARS)."""
+"""multigpu.labs.lab1.scaling_rule: Lab 1's large-batch experiment (the linear scaling rule and LARS)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from multigpu import large_batch, plots, scaling_rule, schedules
+from multigpu.core import schedules
+from multigpu.figures import plots
+from multigpu.labs.lab1 import large_batch, scaling_rule
 
 
 def test_the_small_network_takes_shrunk_images_and_has_five_adapted_layers():

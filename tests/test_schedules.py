@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from multigpu import schedules
+from multigpu.core import schedules
 
 
 def test_scaled_lr_is_linear_in_batch_size():

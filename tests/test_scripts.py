@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from multigpu import hvdtools, launch, record_checks, run_records
+from multigpu.labs.lab3 import record_checks
+from multigpu.running import hvdtools, launch, run_records
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -33,7 +34,7 @@ def test_pieces_left_out_break_what_they_should(tmp_path):
     the broadcast they start apart, without the sampler they share data and take 2x the steps."""
 
     def job(configs):
-        from multigpu.scripts import train_horovod
+        from multigpu.running.scripts import train_horovod
 
         return {name: train_horovod.main(argv)["steps"] for name, argv in configs.items()}
 
@@ -64,7 +65,7 @@ def test_a_missing_step_fails_fast_with_its_own_error(tmp_path):
 
 
 def test_ddp_twin_on_two_workers_without_horovod(tmp_path):
-    """The DDP twin shares the Horovod script's command line (multigpu.scripts.common), not Horovod:
+    """The DDP twin shares the Horovod script's command line (multigpu.running.scripts.common), not Horovod:
     it runs where ``import horovod`` fails."""
     hidden = tmp_path / "no-horovod" / "horovod"
     hidden.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""multigpu.timeline: parsing a Horovod timeline (as rank 0 writes it) and drawing it."""
+"""multigpu.running.timeline: parsing a Horovod timeline (as rank 0 writes it) and drawing it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from multigpu import timeline
+from multigpu.running import timeline
 
 
 def _events() -> list[dict]:

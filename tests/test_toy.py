@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from multigpu import toy
+from multigpu.labs.lab1 import toy
 
 
 @pytest.fixture(scope="module")

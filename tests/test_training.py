@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from multigpu import data, models, training
+from multigpu.core import data, models, training
 
 
 def tiny_problem(n: int = 64, seed: int = 0):

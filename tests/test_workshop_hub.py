@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from multigpu import launch
+from multigpu.running import launch
 from multigpu.workshop import jobs, layout, limits
 
 PREFIX = Path(os.environ.get("MULTIGPU_HUB_PREFIX", "/opt/multigpu-hub"))

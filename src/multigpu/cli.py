@@ -20,7 +20,8 @@ from pathlib import Path
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from multigpu import devices, launch
+    from multigpu.core import devices
+    from multigpu.running import launch
 
     info = devices.detect()
     build = devices.horovod_build()
@@ -37,7 +38,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from multigpu import data
+    from multigpu.core import data
 
     start = time.perf_counter()
     root = data.ensure_dataset(args.root)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from multigpu.course import layout
+from multigpu.core import layout
 
 KEEP_CELL_METADATA = ("nbgrader", "tags", "editable", "deletable")
 COURSE_FOLDERS = (layout.SOLUTIONS, *layout.ASSIGNMENTS)

@@ -24,7 +24,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from multigpu.course import hygiene, layout
+from multigpu.core import layout
+from multigpu.course import hygiene
 from multigpu.grading.rules import RESULT_FILE
 
 ASSIGNMENTS = layout.ASSIGNMENTS

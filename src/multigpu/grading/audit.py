@@ -53,7 +53,7 @@ def git_commit(root: Path) -> str | None:
 def grader_version() -> str:
     """``<package version>`` and, where the course is a git checkout, ``+g<commit>`` (12 digits)."""
     import multigpu
-    from multigpu.course import layout
+    from multigpu.core import layout
 
     commit = git_commit(layout.IMPORT_ROOT.parent)
     return multigpu.__version__ + (f"+g{commit[:12]}" if commit else "")

@@ -38,7 +38,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from multigpu.course import layout
+from multigpu.core import layout
 from multigpu.grading import openbadges, rules, status_list
 
 COURSE = "Training Deep Learning Models on Multiple GPUs"

@@ -179,7 +179,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         jobs += broken  # interleaved, a slow minute hits all
     hog = None
     if args.busy:  # another CPU-heavy job on the machine: the verdicts must not flip
-        from multigpu import launch
+        from multigpu.running import launch
 
         hog = launch.start([sys.executable, "-c", "while True: pass"], env=dict(os.environ), capture=False)
         print(f"a CPU-heavy job runs beside the gradings (pid {hog.pid})", flush=True)

@@ -56,10 +56,10 @@ from typing import Any
 
 import torch
 
-from multigpu import data, devices, models, timeline, training
-from multigpu.course import layout
+from multigpu.core import data, devices, layout, models, training
 from multigpu.grading import audit, review, rules, runner
 from multigpu.grading.rules import RESULT_FILE, Settings
+from multigpu.running import timeline
 
 HERE = Path(__file__).resolve().parent
 REPO = layout.course_root()
@@ -631,7 +631,7 @@ def lone_rank0(workers: int, grace_s: float = LONE_RANK0_GRACE_S) -> runner.Stop
 
 def run_failure(rec: runner.RunRecord, settings: Settings) -> str | None:
     """Why a run did not end cleanly, in words a learner can act on (None: it did)."""
-    from multigpu.launch import worker_errors
+    from multigpu.running.launch import worker_errors
 
     if rec.stopped_early:
         return rec.stopped_early
@@ -826,8 +826,8 @@ def horovod_unavailable(sandbox_rules_: dict | None) -> str | None:
     import subprocess
     import sys
 
-    from multigpu import launch
     from multigpu.grading import sandbox as sb
+    from multigpu.running import launch
 
     sandboxed = sandbox_rules_ is not None
     if sandboxed in _HOROVOD_CHECKED:

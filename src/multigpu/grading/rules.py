@@ -202,11 +202,11 @@ PROFILES: dict[str, Settings] = {s.profile: s for s in (CPU, GPU, QUICK)}
 def settings(name: str | None = None) -> Settings:
     """The profile ``name``; by default ``$MULTIGPU_GRADING_PROFILE``, else ``quick`` under
     ``MULTIGPU_QUICK=1``, else ``gpu`` where each of the profile's workers has a GPU and ``cpu``
-    otherwise (no GPU, or fewer GPUs than workers: :func:`multigpu.devices.for_workers`)."""
+    otherwise (no GPU, or fewer GPUs than workers: :func:`multigpu.core.devices.for_workers`)."""
     name = name or os.environ.get("MULTIGPU_GRADING_PROFILE") or None
     if name is None:
-        from multigpu import devices
-        from multigpu.notebook import quick
+        from multigpu.core import devices
+        from multigpu.core.notebook import quick
 
         if quick():
             name = "quick"

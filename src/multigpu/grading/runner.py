@@ -1,7 +1,7 @@
 """Run an untrusted training script with hard bounds, and watch its checkpoints from outside.
 
 :func:`run_untrusted` starts ``python script`` (or ``horovodrun -np N -H localhost:N python script``)
-in its own session, watched by :func:`multigpu.launch.supervise` (the course's one supervisor; the
+in its own session, watched by :func:`multigpu.running.launch.supervise` (the course's one supervisor; the
 checks below are its per-tick callback and its kill), and guarantees, whatever the script does:
 
 - it is killed at ``timeout`` seconds (``timed_out``);
@@ -80,8 +80,8 @@ StopRule = Callable[[dict[tuple[int, int], float], float], str]
 
 
 def _python_env(extra: dict[str, str] | None, token: str) -> dict[str, str]:
-    """The workers' environment of :mod:`multigpu.launch`, marked with the job's token."""
-    from multigpu import launch
+    """The workers' environment of :mod:`multigpu.running.launch`, marked with the job's token."""
+    from multigpu.running import launch
 
     env = launch.worker_env(extra)
     env[TOKEN_VAR] = token
@@ -174,8 +174,8 @@ def run_untrusted(
     is asked on every poll with the checkpoints seen so far (``(rank, epoch) -> seconds``): a
     non-empty answer stops the run at once and is kept as ``stopped_early``.
     """
-    from multigpu import launch
     from multigpu.grading import sandbox as sb
+    from multigpu.running import launch
 
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)

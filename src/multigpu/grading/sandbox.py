@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from multigpu.course import layout
+from multigpu.core import layout
 
 #: HOME inside the sandbox (on its private /tmp).
 HOME = "/tmp/home"
@@ -123,7 +123,8 @@ def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a sandboxed run: a clean PATH with the venv first, HOME inside the
     sandbox, the package importable, the course's Horovod settings (``launch.horovod_defaults``:
     the same for every submission), the few variables of :data:`PASSED_VARS`, and ``extra``."""
-    from multigpu import devices, launch
+    from multigpu.core import devices
+    from multigpu.running import launch
 
     venv_bin = str(Path(sys.executable).parent)
     env = launch.horovod_defaults(True if devices.cpu_forced({**os.environ, **(extra or {})}) else None)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from multigpu import data, devices, models
+from multigpu.core import data, devices, models
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

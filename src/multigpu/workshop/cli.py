@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from multigpu.course import layout as course_layout
+from multigpu.core import layout as course_layout
 from multigpu.workshop import accounts, layout
 from multigpu.workshop.layout import Hub
 

@@ -20,7 +20,7 @@ import pwd
 import shutil
 from pathlib import Path
 
-from multigpu.course import layout as course_layout
+from multigpu.core import layout as course_layout
 from multigpu.workshop import layout
 from multigpu.workshop.layout import Hub
 

@@ -61,8 +61,8 @@ def _chown_tree(path: Path, user: str) -> None:
 
 
 def _nbgrader(args: list[str], cwd: Path, *, user: str | None, env: dict[str, str], what: str) -> str:
-    """Run ``nbgrader ARGS`` in ``cwd`` (as ``user`` when given) through ``multigpu.launch``."""
-    from multigpu import launch
+    """Run ``nbgrader ARGS`` in ``cwd`` (as ``user`` when given) through ``multigpu.running.launch``."""
+    from multigpu.running import launch
 
     argv = [str(Path(sys.executable).parent / "nbgrader"), *args]
     if user:

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from multigpu.course import layout as course_layout
+from multigpu.core import layout as course_layout
 from multigpu.workshop import layout, limits
 from multigpu.workshop.layout import Hub
 

@@ -3,7 +3,7 @@
 
 Every few seconds it looks for new submissions in nbgrader's exchange and records each one in
 the queue on disk (:mod:`jobs`); one at a time, it grades the oldest in a child process pinned to
-the cores kept for grading (``multigpu workshop grade-job ID`` through ``multigpu.launch``,
+the cores kept for grading (``multigpu workshop grade-job ID`` through ``multigpu.running.launch``,
 bounded by ``MULTIGPU_GRADING_TIMEOUT``). Its page (``/services/grading/``, behind the hub's
 login) shows a learner their own submissions only: place in the queue, state, scores, the
 grader's report, feedback and certificate; an instructor sees every learner's.
@@ -60,7 +60,7 @@ def scan(hub: Hub, queue: jobs.Queue) -> list[jobs.Job]:
 def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADING_TIMEOUT_S) -> jobs.Job:
     """Run ``job`` in its child process (pinned to the grading cores) and make sure it ends
     ``done`` or ``failed`` whatever the child did."""
-    from multigpu import launch
+    from multigpu.running import launch
 
     env = dict(os.environ, MULTIGPU_HUB_ROOT=str(hub.root))
     proc = launch.start([sys.executable, "-m", "multigpu.cli", "workshop", "grade-job", str(job.id)], env=env,
@@ -214,7 +214,7 @@ def make_app(hub: Hub, queue: jobs.Queue) -> Any:
 def stop(signum: int) -> None:
     """The hub stops its services with SIGTERM: stop the grading under way with it (its job stays
     ``running`` in the queue and is graded again from the start when the service is back)."""
-    from multigpu import launch
+    from multigpu.running import launch
 
     launch.kill_sessions(list(RUNNING.values()))
     print(f"grading service stopped (signal {signum}); jobs under way run again at the next start", flush=True)

@@ -18,7 +18,7 @@ Sections, run in this order (``--only`` picks some):
   (two one-thread workers that never communicate). Targets on the course default as above.
 - ``links``: the time of one all-reduce of 4 MiB on 2 Horovod workers (Gloo) behind emulated
   links of 100 Mb/s, 1 Gb/s, 10 Gb/s and the namespace's unlimited loopback
-  (:mod:`multigpu.links`), and measured / predicted by the link-only model. No target: it
+  (:mod:`multigpu.labs.lab4.links`), and measured / predicted by the link-only model. No target: it
   shows where the link, not the CPU, sets the time. Skipped, with the reason, where user
   namespaces are not allowed.
 - ``course``: wall time of every solution notebook run top to bottom (papermill, default

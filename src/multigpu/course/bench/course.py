@@ -7,9 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from multigpu.course import layout
-
-from .report import (
+from multigpu.core import layout
+from multigpu.course.bench.report import (
     CELL_TIMEOUT_S,
     REPO,
     WORKSHOP_LEARNERS,

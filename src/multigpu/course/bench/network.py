@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from .report import ALLREDUCE_WARMUP, Figure, Plan, Section, fmt, interleave, steps
+from multigpu.course.bench.report import ALLREDUCE_WARMUP, Figure, Plan, Section, fmt, interleave, steps
 
 #: The tensor all-reduced: 4 MiB of float32 (the size of one of Horovod's CPU fusion groups).
 LINK_BYTES = 4 * 2**20
@@ -12,12 +12,13 @@ LINK_WORKERS = 2
 
 
 def bench_links(plan: Plan, deadline: float) -> Section:
-    """All-reduce time of 2 Horovod workers (Gloo) on each of :data:`multigpu.links.PRESETS`,
+    """All-reduce time of 2 Horovod workers (Gloo) on each of :data:`multigpu.labs.lab4.links.PRESETS`,
     interleaved, and measured / predicted for the limited ones."""
-    from multigpu import hvdtools, launch, links
+    from multigpu.labs.lab4 import links
+    from multigpu.running import hvdtools, launch
 
     section = Section("links", f"All-reduce of {LINK_BYTES / 2**20:g} MiB on {LINK_WORKERS} Horovod workers "
-                               "behind emulated links (multigpu.links)")
+                               "behind emulated links (multigpu.labs.lab4.links)")
     why = links.unavailable()
     if why:
         section.status, section.error = "skipped", why

@@ -8,14 +8,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
-from .report import Figure, Plan, Section, Target, fmt, interleave, steps
+from multigpu.course.bench.report import Figure, Plan, Section, Target, fmt, interleave, steps
 
 # --------------------------------------------------------------------------- 1. input pipeline
 
 
 def decode_files(paths: Sequence[str]) -> int:
     """Read and decode each file with Pillow, nothing else (the bound's work, also in a pool)."""
-    from multigpu import data
+    from multigpu.core import data
 
     for path in paths:
         with open(path, "rb") as f:
@@ -56,7 +56,8 @@ class DecodeBound:
 
 def bench_pipeline(plan: Plan, deadline: float) -> Section:
     """Section 1: the default input pipeline against the read + decode bound, interleaved."""
-    from multigpu import data, profiling, training
+    from multigpu.core import data, training
+    from multigpu.labs.lab2 import profiling
 
     section = Section("pipeline", "Input pipeline: JPEG read + decode + augment vs read + decode alone")
     root = data.ensure_dataset()

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from multigpu import devices
-from multigpu.course import layout
-from multigpu.notebook import progress
+from multigpu.core import devices, layout
+from multigpu.core.notebook import progress
 
 V = TypeVar("V")
 

@@ -10,9 +10,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from multigpu import devices
-
-from .report import ALLREDUCE_WARMUP, Figure, Plan, Section, Target, fmt, interleave, paired, steps
+from multigpu.core import devices
+from multigpu.course.bench.report import ALLREDUCE_WARMUP, Figure, Plan, Section, Target, fmt, interleave, paired, steps
 
 # --------------------------------------------------------------------------- 2. scaling
 
@@ -52,7 +51,8 @@ def bench_scaling(plan: Plan, deadline: float) -> Section:
     """Section 2: Horovod vs DDP training throughput on 1..N workers, Horovod vs the raw all-reduce of its transport."""
     import torch
 
-    from multigpu import hvdtools, launch, models, run_records
+    from multigpu.core import models
+    from multigpu.running import hvdtools, launch, run_records
 
     section = Section("scaling", "Scaling: Horovod vs DDP training throughput, Horovod vs raw all-reduce")
     launchers = {"Horovod": ("horovodrun", hvdtools.REFERENCE_MODULE), "DDP": ("torchrun", hvdtools.DDP_MODULE)}
@@ -152,7 +152,7 @@ CONCURRENT = "two independent one-thread workers at once (no communication)"
 def _concurrent_images_per_s(args: Sequence[str], cores: Sequence[int], tmp: Path) -> float:
     """Images/s of ``len(cores)`` one-worker runs of the course's script started together, each
     pinned to its own core, summed: what the cores deliver when nothing is communicated."""
-    from multigpu import hvdtools, launch, run_records
+    from multigpu.running import hvdtools, launch, run_records
 
     procs, outs = [], []
     for i, core in enumerate(cores):
@@ -175,7 +175,7 @@ def bench_levers(plan: Plan, deadline: float) -> Section:
     each repeat runs one one-thread worker (the ideal's unit), torch DDP (pinned and not) and
     every lever of :data:`LEVERS` at each of :data:`LEVER_WORKERS`, in one interleaved order.
     """
-    from multigpu import hvdtools, run_records
+    from multigpu.running import hvdtools, run_records
 
     section = Section("levers", "Horovod's CPU levers, one at a time, against the ideal and torch DDP")
     args = ["--synthetic", str(plan.synthetic_images), "--epochs", str(plan.epochs), "--quiet"]

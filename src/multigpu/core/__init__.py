@@ -1,0 +1,1 @@
+"""The core every lab stands on: devices (GPU or CPU mode), data (the JPEG data set and its loaders), models, training (one loop for 1..N workers), schedules (the learning-rate rule), meters, notebook (quick mode, progress bars), layout (where the course's folders are). Imports nothing else of the package."""

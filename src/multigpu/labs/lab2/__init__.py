@@ -1,0 +1,1 @@
+"""Lab 2 and 2b (the naive pipeline, the ring): profiling, paramserver, ring, scaling_model."""

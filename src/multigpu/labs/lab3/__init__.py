@@ -1,0 +1,1 @@
+"""Lab 3 (Horovod): record_checks (facts of a correct run)."""

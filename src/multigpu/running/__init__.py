@@ -1,0 +1,1 @@
+"""Running processes: launch (every child process, bounded in time, one error wording; the one place a worker's environment is built), _worker, hvdtools (Horovod jobs and timers), run_records (the scripts' per-rank records), timeline (Horovod's timeline reader), scripts (the training scripts workers run). Imports only core."""
