@@ -92,3 +92,54 @@ def test_no_module_imports_itself_back_through_others():
     found = circles(import_graph())
     assert not found, "import circles (make one side depend on the other only): " + "; ".join(
         " <-> ".join(group) for group in found)
+
+
+#: The layers, lowest first: a module imports only from its own layer or the ones before it (a
+#: lab only from labs numbered no higher than its own). docs/architecture.md explains each.
+LAYERS = (
+    ("multigpu.core",),
+    ("multigpu.running",),
+    ("multigpu.labs.lab1",), ("multigpu.labs.lab2",), ("multigpu.labs.lab3",), ("multigpu.labs.lab4",),
+    ("multigpu.figures",),
+    ("multigpu.grading",),
+    ("multigpu.course", "multigpu.workshop"),
+    ("multigpu.cli",),
+)
+
+
+def layer_of(module: str) -> int | None:
+    """The index of the layer ``module`` belongs to; None for the package's and a layer package's
+    own ``__init__`` (docstrings only, they import nothing)."""
+    for rank, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return rank
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        rank = layer_of(module)
+        for target in sorted(targets):
+            to = layer_of(target)
+            if rank is not None and to is not None and to > rank:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_every_module_belongs_to_a_layer():
+    loose = [m for m in import_graph() if layer_of(m) is None and m not in (
+        "multigpu", "multigpu.labs")]
+    assert not loose, f"modules outside every layer (move them into one, or add the layer to LAYERS): {loose}"
+
+
+def test_an_upward_import_is_found():
+    graph = {"multigpu.core.models": {"multigpu.grading.grader"}, "multigpu.grading.grader": {"multigpu.core.models"}}
+    assert upward_imports(graph) == ["multigpu.core.models -> multigpu.grading.grader"]
+    assert upward_imports({"multigpu.labs.lab2.ring": {"multigpu.labs.lab4.links"}}) == [
+        "multigpu.labs.lab2.ring -> multigpu.labs.lab4.links"]
+
+
+def test_imports_go_down_the_layers_only():
+    found = upward_imports(import_graph())
+    assert not found, "imports that go up a layer (move the code down, or pass it in): " + "; ".join(found)
