@@ -1,8 +1,11 @@
 """The reference run's figures: every shipped file loads, and a figure is printed beside the learner's."""
 
 import json
+import re
 
 import pytest
+
+from conftest import REPO
 
 from multigpu.figures import reference
 
@@ -10,6 +13,7 @@ from multigpu.figures import reference
 def test_every_shipped_reference_file_names_its_machine_date_and_figures():
     folder = reference._path("x").parent
     files = sorted(folder.glob("*.json"))
+    assert files, f"no reference run is shipped in {folder}"
     for path in files:
         figures = reference.load(path.stem)
         assert figures, f"{path.name} holds no figure"
@@ -35,3 +39,28 @@ def test_a_missing_figure_names_the_ones_that_exist(tmp_path, monkeypatch):
         reference.figure("nb", "b")
     with pytest.raises(FileNotFoundError, match="no reference run"):
         reference.load("other")
+
+
+def test_every_figure_a_notebook_shows_has_a_reference():
+    """Each ``reference.show("<notebook>", "<key>", ...)`` in a solution notebook names a shipped figure."""
+    shown = []
+    for nb in sorted((REPO / "solutions").glob("*/*.ipynb")):
+        source = "".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"])
+        shown += re.findall(r'reference\.(?:show|beside)\(\s*"([^"]+)",\s*"([^"]+)"', source)
+    assert len(shown) >= 10, f"the notebooks show only {len(shown)} reference figures: is the pattern stale?"
+    missing = [f"{nb}:{key}" for nb, key in shown if key not in reference.load(nb)]
+    assert not missing, f"figures the notebooks print with no reference value: {missing}"
+
+
+def test_a_reference_run_records_what_it_shows(tmp_path, monkeypatch):
+    monkeypatch.setattr(reference, "_path", lambda notebook: tmp_path / f"{notebook}.json")
+    reference.record("nb", "eff", 0.89, unit="x ideal", what="2 workers against the ideal",
+                     machine="old box", date="2026-01-01", command="c", folder=tmp_path)
+    monkeypatch.setenv(reference.RECORD_ENV, "multigpu bench --only course --record-reference")
+    reference.show("nb", "eff", 0.5)
+    raw = json.loads((tmp_path / "nb.json").read_text())
+    assert raw["figures"]["eff"] == {"value": 0.5, "unit": "x ideal", "what": "2 workers against the ideal"}
+    assert raw["command"].startswith("multigpu bench") and raw["machine"] == reference.this_machine()
+    monkeypatch.delenv(reference.RECORD_ENV)
+    reference.show("nb", "eff", 0.7)  # an ordinary run compares and changes nothing
+    assert json.loads((tmp_path / "nb.json").read_text())["figures"]["eff"]["value"] == 0.5

@@ -19,11 +19,18 @@ computed from both. The reference figures live in ``reference_runs/<notebook ste
 from __future__ import annotations
 
 import json
+import os
+import platform
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
 FOLDER = "reference_runs"
+
+#: Set (to the command that runs the notebooks) to make :func:`show` record the run as the new
+#: reference instead of comparing with it: ``multigpu bench --only course --record-reference``.
+RECORD_ENV = "MULTIGPU_RECORD_REFERENCE"
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,7 @@ class Figure:
 
 
 def _path(notebook: str) -> Path:
-    return Path(str(resources.files("multigpu").joinpath(FOLDER, f"{notebook}.json")))
+    return Path(str(resources.files("multigpu.figures").joinpath(FOLDER, f"{notebook}.json")))
 
 
 def load(notebook: str) -> dict[str, Figure]:
@@ -87,8 +94,25 @@ def beside(notebook: str, key: str, yours: float, fmt: str = ".2f") -> str:
 
 
 def show(notebook: str, key: str, yours: float, fmt: str = ".2f") -> None:
-    """Print :func:`beside` (the form a notebook cell uses)."""
+    """Print :func:`beside` (the form a notebook cell uses); in a reference run (``RECORD_ENV``
+    set), record ``yours`` as the reference figure first."""
+    command = os.environ.get(RECORD_ENV)
+    if command:
+        ref = figure(notebook, key)
+        record(notebook, key, float(yours), unit=ref.unit, what=ref.what, machine=this_machine(),
+               date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), command=command)
     print(beside(notebook, key, yours, fmt))
+
+
+def this_machine() -> str:
+    """The machine a reference run ran on, in the words the reference files use."""
+    import torch
+
+    if torch.cuda.is_available():
+        gpus = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    else:
+        gpus = "no GPU"
+    return f"{os.cpu_count()}-core {platform.machine()} CPU ({gpus}), torch {torch.__version__}"
 
 
 def record(notebook: str, key: str, value: float, *, unit: str, what: str, machine: str, date: str,

@@ -48,11 +48,12 @@ same as tables), after each section, so an interrupted run leaves what it measur
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", nargs="+", choices=SECTION_NAMES, metavar="SECTION",
                    help=f"run only these sections ({', '.join(SECTION_NAMES)})")
     p.add_argument("--out", type=Path, default=Path("bench"), help="folder for results.json and results.md")
+    p.add_argument("--record-reference", action="store_true",
+                   help="the course section's run becomes the reference run the notebooks print beside "
+                        "the learner's figures (src/multigpu/figures/reference_runs/; commit them)")
     return p.parse_args(argv)
 
 
@@ -134,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the selected sections; 1 when a measurement crashed, 0 otherwise (targets met or not)."""
     args = parse_args(argv)
     plan = QUICK if args.quick else DEFAULT
+    if args.record_reference:
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        plan = replace(plan, record_reference=f"multigpu bench --only course --record-reference "
+                       f"({'quick' if plan.quick else 'default'} parameters; load average at the start {load})")
     names = [n for n in SECTION_NAMES if not args.only or n in args.only]
     start = time.monotonic()
     deadline = start + plan.budget_s

@@ -49,6 +49,8 @@ class Plan:
     grading_repeats: int  #: at most this many gradings (fewer when the budget runs out)
     lever_repeats: int  #: runs of each Horovod lever (and of the baselines beside them)
     budget_s: float  #: the whole run should end within this many seconds
+    #: when set (the command, for the files), the course section records its run as the reference
+    record_reference: str = ""
 
 
 DEFAULT = Plan(
