@@ -9,6 +9,7 @@ grading in tests/test_nbgrader.py, which also issues and verifies its certificat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -529,19 +530,24 @@ def test_an_index_listed_twice_fails_sharded_and_counts_as_one_image(tmp_path):
     # the images of an epoch are the distinct indices: 'size' a 4-s epoch, not twice that
     assert m["throughput"] == pytest.approx(size / 4.0)
     loaded = {k: grader.load_checkpoint(p) for k, p in ckpts.items()}
-    assert grader._images_per_epoch(loaded) == {1: size, 2: size}
+    assert grader.images_per_epoch(loaded) == {1: size, 2: size}
 
 
 def test_an_efficiency_above_the_ideal_is_never_a_pass(tmp_path):
-    _, size = _quick_train_root()
+    from multigpu.grading import evidence
+    from multigpu.grading.criteria import throughput
+
+    root, size = _quick_train_root()
     ckpts = _fake_run(tmp_path, {r: list(range(r, size, 2)) for r in (0, 1)})
-    loaded = {k: grader.load_checkpoint(p) for k, p in ckpts.items()}
     rec = runner.RunRecord(command=[], returncode=0, wall_s=10, epoch_times={1: 4.0, 2: 8.0})
+    others_passed = {n: grader.Criterion(n, 1, True, "") for n in throughput.AFTER}
     crit = {}
     for ratio in (1.0, 1.2, 1.3, 3.0):  # throughput / ideal; the ideal is 2 x the baseline
         m = {"baselines": [size / 4.0 / 2 / ratio] * 2, "ideal_factor": 2}
-        crit[ratio] = grader._judge_throughput(rec, loaded, BROKEN_SETTINGS, m, prerequisites=[])
-        assert m["efficiency"] == pytest.approx(ratio, rel=1e-3)
+        ev = dataclasses.replace(evidence.collect(rec, ckpts, BROKEN_SETTINGS, root, root, m, print),
+                                 verdicts=others_passed)
+        crit[ratio] = throughput.judge(ev, BROKEN_SETTINGS)
+        assert crit[ratio].measured["efficiency"] == pytest.approx(ratio, rel=1e-3)
     assert crit[1.0].passed and crit[1.2].passed, crit[1.2].message  # within the stated tolerance
     for ratio in (1.3, 3.0):
         assert not crit[ratio].passed and "does not trust" in crit[ratio].message, crit[ratio].message
@@ -616,3 +622,25 @@ def test_the_forgeries_of_issue_31_are_failed_or_held_never_certified(name, tmp_
         assert result.measurements["horovod_gradient_rounds_per_epoch"] > 0  # the zeros are real all-reduces
     assert result.review["held"] == (result.passed and bool(kinds))
     assert result.source_sha256 == audit.sha256((tmp_path / f"{name}.py").read_bytes())
+
+
+# ----------------------------------------------------------------------------- the pipeline of criteria
+
+
+def test_the_criteria_are_one_module_each_in_order_and_read_only_earlier_verdicts(tmp_path):
+    from multigpu.grading import criteria, evidence
+
+    assert [c.NAME for c in criteria.CRITERIA] == ["workers", "identical", "sharded", "accuracy", "throughput"]
+    assert grader.POINTS == {c.NAME: c.POINTS for c in criteria.CRITERIA} and sum(grader.POINTS.values()) == 10
+    with pytest.raises(ValueError, match="throughput reads"):  # a criterion never reads a later verdict
+        criteria.check_order((criteria.throughput, criteria.workers))
+    # no checkpoint: the criteria that require them fail with the evidence's reason; workers says why
+    rec = runner.RunRecord(command=[], returncode=0, wall_s=10)
+    ev = evidence.collect(rec, {}, BROKEN_SETTINGS, tmp_path, tmp_path, {"baselines": []}, print)
+    assert "nothing to compare" in ev.unavailable[evidence.CHECKPOINTS] and not ev.loaded
+    verdicts = criteria.judge_all(ev, BROKEN_SETTINGS)
+    assert list(verdicts) == list(grader.POINTS) and not any(c.passed for c in verdicts.values())
+    for name in ("identical", "sharded", "accuracy"):
+        assert verdicts[name].message == ev.unavailable[evidence.CHECKPOINTS]
+    assert "left no checkpoint" in verdicts["workers"].message
+    assert verdicts["workers"].measured == {"epochs": 0}

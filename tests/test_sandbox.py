@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from multigpu.core import data
-from multigpu.grading import grader, rules, runner, sandbox
+from multigpu.grading import grader, preparation, rules, runner, sandbox
 
 pytestmark = pytest.mark.skipif(sandbox.unavailable() is not None, reason=f"no sandbox: {sandbox.unavailable()}")
 
@@ -174,7 +174,7 @@ def test_no_verdict_where_horovod_cannot_load_inside_the_sandbox(monkeypatch):
     must refuse with the reason, before it runs anything, for a learner and for a certificate."""
     libmpi = Path(sys.prefix) / "lib" / "libmpi.so.12"
     assert libmpi.exists(), "the venv's MPICH is missing: run 'make setup'"
-    monkeypatch.setattr(grader, "_HOROVOD_CHECKED", set())  # checked once per process otherwise
+    monkeypatch.setattr(preparation, "HOROVOD_CHECKED", set())  # checked once per process otherwise
     started = time.monotonic()
     for mode in ("auto", "required"):
         with pytest.raises(grader.HorovodUnavailable, match="libmpi.so.12.*install_horovod") as raised:
