@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from multigpu.running import launch
+from multigpu.running import launch, supervisor
 
 
 def allreduce_sum(rank, world_size, scale):
@@ -106,7 +106,7 @@ def test_a_worker_that_dies_without_a_traceback_is_reported():
 
 
 def test_output_is_prefixed_and_capped(capsys, monkeypatch):
-    monkeypatch.setattr(launch, "MAX_PRINTED_LINES", 5)
+    monkeypatch.setattr(supervisor, "MAX_PRINTED_LINES", 5)
 
     def chatty(rank, world_size):
         for i in range(50):
