@@ -80,8 +80,9 @@ test: $(STAMP)
 # what the tests need beyond make setup: Debian's chromium and playwright for the browser tests
 test-deps: browser-deps
 
+# the tests not marked slow, in this one process: tests/conftest.py fails any of them that starts a process
 test-fast: $(STAMP)
-	MULTIGPU_QUICK=1 $(PY) -m pytest -m "not slow"
+	MULTIGPU_QUICK=1 $(PY) -m pytest -m "not slow" --durations=10
 
 # style and types: ruff over src/ and tests/, mypy over src/ (both configured in pyproject.toml)
 lint: $(STAMP)

@@ -1,10 +1,16 @@
-"""Shared test setup: GPU tests skip without CUDA; everything runs in quick mode."""
+"""Shared test setup: GPU tests skip without CUDA; everything runs in quick mode; only tests
+marked ``slow`` may start a process (``make test-fast`` runs the others, in this one process)."""
 
 from __future__ import annotations
 
+import _posixsubprocess
 import os
+import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +21,81 @@ VENV_BIN = Path(sys.executable).parent
 # The notebooks, the grader and the workers all read this; `make test` sets it too.
 os.environ.setdefault("MULTIGPU_QUICK", "1")
 os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+
+MARK_IT = "mark this test @pytest.mark.slow: it starts a process"
+
+#: Every way Python starts a child: subprocess (fork_exec or posix_spawn), multiprocessing's
+#: fork (os.fork) and its spawn and forkserver (_posixsubprocess.fork_exec), os.system and pty.
+PROCESS_STARTERS: list[tuple[Any, str]] = [
+    (subprocess, "_fork_exec"), (_posixsubprocess, "fork_exec"),
+    (os, "fork"), (os, "forkpty"), (os, "posix_spawn"), (os, "posix_spawnp"), (os, "system"),
+]
+FAILURES = pytest.StashKey[list[str]]()
+SLOW_RAN = pytest.StashKey[bool]()
+
+
+class ProcessStart(RuntimeError):
+    """A test not marked slow tried to start a process."""
+
+
+@contextmanager
+def no_process_starts(item: pytest.Item) -> Iterator[None]:
+    """Make every process start fail with MARK_IT while the block runs, and remember each try on
+    the item, so the test fails even where the code under test catches the exception."""
+    tries = item.stash.setdefault(FAILURES, [])
+    originals = [(owner, name, getattr(owner, name)) for owner, name in PROCESS_STARTERS if hasattr(owner, name)]
+
+    def refuse(name: str) -> Callable[..., Any]:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            tries.append(f"{name}{args[:1] if name == 'system' else ''}")
+            raise ProcessStart(f"{MARK_IT} ({name})")
+        return refused
+
+    for owner, name, _ in originals:
+        setattr(owner, name, refuse(name))
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("slow"):
+        item.session.stash[SLOW_RAN] = True
+        return (yield)
+    with no_process_starts(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("slow"):
+        return (yield)
+    with no_process_starts(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    # After a slow test has run, a teardown may close what that test's module or session
+    # fixtures started (their finalizers run in whichever test comes last), so it is not guarded.
+    if item.get_closest_marker("slow") or item.session.stash.get(SLOW_RAN, False):
+        return (yield)
+    with no_process_starts(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report: pytest.TestReport = yield
+    tries = item.stash.get(FAILURES, [])
+    if tries and report.passed:  # the code under test caught the ProcessStart: fail it anyway
+        report.outcome = "failed"
+        report.longrepr = f"{MARK_IT}: it tried {', '.join(tries)} ({call.when})"
+    item.stash[FAILURES] = []
+    return report
 
 
 def pytest_collection_modifyitems(config, items):

@@ -67,6 +67,7 @@ def test_values_are_formatted_in_their_unit():
     assert bench.fmt(0.876, "ratio") == "0.88"
 
 
+@pytest.mark.slow
 def test_decode_bound_decodes_every_file_in_one_or_several_processes(tmp_path):
     root = data.ensure_dataset(tmp_path / "shapes", progress=False, classes=2, train_per_class=6,
                                val_per_class=1, image_size=64)
@@ -79,6 +80,7 @@ def test_decode_bound_decodes_every_file_in_one_or_several_processes(tmp_path):
         assert math.isfinite(rate) and rate > 0
 
 
+@pytest.mark.slow
 def test_machine_header_names_mode_cores_and_versions():
     m = bench.machine()
     info = devices.detect()
@@ -112,6 +114,7 @@ def _fake_sections(monkeypatch, crash: bool):
     monkeypatch.setitem(bench.SECTIONS, "scaling", crashed if crash else missed)
 
 
+@pytest.mark.slow
 def test_a_missed_target_is_not_a_failure(monkeypatch, tmp_path):
     _fake_sections(monkeypatch, crash=False)
     assert bench.main(["--quick", "--only", "pipeline", "scaling", "--out", str(tmp_path)]) == 0
@@ -119,6 +122,7 @@ def test_a_missed_target_is_not_a_failure(monkeypatch, tmp_path):
     assert "NOT met" in md and "quick parameters (--quick)" in md
 
 
+@pytest.mark.slow
 def test_a_crashed_section_fails_the_run_but_keeps_the_other_figures(monkeypatch, tmp_path):
     _fake_sections(monkeypatch, crash=True)
     assert bench.main(["--only", "scaling", "pipeline", "--out", str(tmp_path)]) == 1

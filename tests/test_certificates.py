@@ -134,6 +134,7 @@ def test_garbage_is_not_a_certificate(tmp_path, key_pair):
         cert.verify(bad, public)
 
 
+@pytest.mark.slow
 def test_certify_issues_only_to_students_who_passed_both_parts(tmp_path, key_pair):
     from nbgrader.api import Gradebook
 

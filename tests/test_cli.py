@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from conftest import VENV_BIN
 from multigpu import cli
 
@@ -16,6 +18,7 @@ def test_help_lists_the_commands(capsys):
         assert command in out
 
 
+@pytest.mark.slow
 def test_info_reports_mode_and_horovod():
     out = subprocess.run([str(VENV_BIN / "multigpu"), "info"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

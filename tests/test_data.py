@@ -96,6 +96,7 @@ def _ensure(root: str) -> str:
     return str(data.ensure_dataset(root, progress=False, **SMALL))
 
 
+@pytest.mark.slow
 def test_ensure_dataset_is_safe_across_processes(tmp_path):
     root = str(tmp_path / "shared")
     with mp.get_context("fork").Pool(3) as pool:
@@ -203,6 +204,7 @@ def test_make_loader_is_deterministic_and_checks_sampler():
         data.make_loader(ds, 6, shuffle=True, sampler=torch.utils.data.SequentialSampler(ds))
 
 
+@pytest.mark.slow
 def test_make_loader_with_workers(tmp_path):
     root = data.generate_dataset(tmp_path / "w", seed=0, progress=False, **SMALL)
     ds = data.JPEGFolder(root / "train", data.train_transform(32))
@@ -320,6 +322,7 @@ def test_with_index_wrapper_gets_normalised_batches_and_indices(tmp_path):
     assert sorted(seen) == list(range(12))
 
 
+@pytest.mark.slow
 def test_loader_with_workers_is_deterministic_by_seed(tmp_path):
     root = data.generate_dataset(tmp_path / "g", seed=0, progress=False, **SMALL)
     ds = data.JPEGFolder(root, data.train_transform(32), split="train")

@@ -122,6 +122,7 @@ def _pin(local_rank: int, local_size: int, **env: str) -> list:
     return [out[0], out[1].strip()]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to pin to")
 def test_pin_worker_puts_every_thread_of_a_worker_on_its_own_core():
     cores = sorted(os.sched_getaffinity(0))
@@ -134,6 +135,7 @@ def test_pin_worker_puts_every_thread_of_a_worker_on_its_own_core():
     assert int(core) == cores[0], f"with more workers than cores, local rank {n} shares the first core"
 
 
+@pytest.mark.slow
 def test_pin_worker_leaves_single_workers_and_opted_out_runs_alone():
     everything = sorted(os.sched_getaffinity(0))
     core, cpus = _pin(0, 1)

@@ -9,6 +9,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import REPO, VENV_BIN
@@ -48,6 +49,7 @@ def test_installed_versions_match_the_pins():
     assert sys.version_info[:2] == (3, 11)
 
 
+@pytest.mark.slow
 def test_horovod_is_built_with_pytorch_mpi_and_gloo():
     out = subprocess.run([str(VENV_BIN / "horovodrun"), "--check-build"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -56,6 +58,7 @@ def test_horovod_is_built_with_pytorch_mpi_and_gloo():
     assert launch.horovod_controller() == "mpi"  # the course's default: MPI's shared memory on one machine
 
 
+@pytest.mark.slow
 def test_horovods_extension_loads_mpi_and_torch_from_this_venv():
     """A cached wheel carries the RUNPATH of the venv it was built in. Loaded from another clone's
     venv, MPI vanished inside the grading sandbox (which hides /tmp) and horovodrun said "MPI

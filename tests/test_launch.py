@@ -19,12 +19,14 @@ def allreduce_sum(rank, world_size, scale):
     return t.tolist(), scale, torch.get_num_threads()
 
 
+@pytest.mark.slow
 def test_run_returns_each_rank_value_in_order():
     values = launch.run(allreduce_sum, 3, args=(7,), timeout=120, echo=False)
     assert [v[0] for v in values] == [[6.0] * 5] * 3
     assert [v[1] for v in values] == [7, 7, 7]
 
 
+@pytest.mark.slow
 def test_run_uses_one_thread_per_worker_when_workers_outnumber_cores():
     from multigpu.core import devices
 
@@ -43,6 +45,7 @@ def mode_of_worker(rank, world_size):
     return os.environ.get("MULTIGPU_FORCE_CPU"), devices.detect().mode, dist.get_backend()
 
 
+@pytest.mark.slow
 def test_on_a_one_gpu_machine_a_two_worker_job_runs_cpu_workers_and_says_so(monkeypatch, capsys):
     import torch
 
@@ -59,6 +62,7 @@ def test_on_a_one_gpu_machine_a_two_worker_job_runs_cpu_workers_and_says_so(monk
     assert launch.job_env(1, {"A": "b"}, echo=False) == {"A": "b"}  # one worker keeps its GPU
 
 
+@pytest.mark.slow
 def test_a_function_defined_at_run_time_travels_by_value():
     offset = 10
     values = launch.run(lambda rank, world: rank + offset, 2, backend=None, timeout=60, echo=False)
@@ -74,6 +78,7 @@ def crash_on_rank_one(rank, world_size):
     dist.all_reduce(torch.ones(1))  # would wait forever for rank 1
 
 
+@pytest.mark.slow
 def test_a_crash_stops_the_job_and_names_the_rank_and_the_cause():
     start = time.monotonic()
     with pytest.raises(launch.WorkerError) as err:
@@ -87,6 +92,7 @@ def spin(rank, world_size):
         pass
 
 
+@pytest.mark.slow
 def test_a_hang_is_killed_at_the_time_limit():
     start = time.monotonic()
     with pytest.raises(launch.WorkerTimeout, match="time limit"):
@@ -100,11 +106,13 @@ def hard_exit(rank, world_size):
     os._exit(3)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_without_a_traceback_is_reported():
     with pytest.raises(launch.WorkerError, match="exit code 3"):
         launch.run(hard_exit, 2, backend=None, timeout=60, echo=False)
 
 
+@pytest.mark.slow
 def test_output_is_prefixed_and_capped(capsys, monkeypatch):
     monkeypatch.setattr(supervisor, "MAX_PRINTED_LINES", 5)
 
@@ -126,6 +134,7 @@ print("RESULT", f"rank={hvd.rank()}", f"size={hvd.size()}", f"total={total.item(
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("np,controller", [(2, "--mpi"), (4, "--mpi"), (2, "--gloo")])
 def test_horovodrun_job_all_reduces_across_workers(tmp_path, np, controller):
     script = tmp_path / "allreduce.py"
@@ -146,6 +155,7 @@ def hvd_rank_and_mean():
     return hvd.rank(), hvd.allreduce(torch.tensor([float(hvd.rank())]), name="mean").item()
 
 
+@pytest.mark.slow
 def test_run_horovod_returns_values_per_rank():
     assert launch.run_horovod(hvd_rank_and_mean, 2, timeout=120, echo=False) == [(0, 0.5), (1, 0.5)]
 
@@ -159,6 +169,7 @@ def hvd_crash():
     hvd.allreduce(__import__("torch").ones(1), name="never")
 
 
+@pytest.mark.slow
 def test_run_horovod_reports_a_crashing_rank():
     start = time.monotonic()
     with pytest.raises(launch.WorkerError, match="learner bug on rank 1"):

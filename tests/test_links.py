@@ -48,12 +48,17 @@ def test_a_link_job_refuses_mpi_and_other_hosts():
 @needs_namespaces
 def test_a_slower_link_slows_the_training_step_as_the_model_says(tmp_path):
     """Lab 4's runs: the course's Horovod script on 2 workers, on the namespace's own loopback and at
-    1 Gb/s. On this 2-core machine (2026-11-25): about 0.16-0.18 s a step unlimited, 0.45 s at 1 Gb/s,
-    where the model (the unlimited step, plus both workers' ring bytes over the link) says 0.52-0.54 s."""
+    200 Mb/s. The link is slow enough that its time sets the step on a busy machine too: both
+    workers' ring bytes of one step need 1.8 s at 200 Mb/s, about ten times the quiet 2-core
+    machine's compute step (docs/performance.md). At 1 Gb/s (0.36 s) a busy machine's slower
+    backward hides the link behind it, and a ratio there measures the load, not the link. A link
+    that is not slowed fails both checks: its step is the unlimited one, far below the model's."""
+    rate = 200e6
     unlimited = links.measure_step(2, None, out=tmp_path, timeout=120)
-    slow = links.measure_step(2, 1e9, out=tmp_path, timeout=120)
-    assert unlimited["emulated"] and slow["link"] == "1 Gb/s" and slow["workers"] == 2
-    model_s = unlimited["step_s"] + links.predicted_allreduce_s(links.gradient_bytes(), 2, 1e9)
+    slow = links.measure_step(2, rate, out=tmp_path, timeout=120)
+    assert unlimited["emulated"] and slow["link"] == "200 Mb/s" and slow["workers"] == 2
+    link_s = links.predicted_allreduce_s(links.gradient_bytes(), 2, rate)
+    model_s = unlimited["step_s"] + link_s
     assert slow["step_s"] > 1.5 * unlimited["step_s"], (unlimited, slow)  # the link, not the CPU, sets the time
     assert slow["images_per_s"] < unlimited["images_per_s"] / 1.5, (unlimited, slow)
     # within the factor the lab states, either way (the overlap of backward and all-reduce, TCP, the bucket)

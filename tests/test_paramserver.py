@@ -31,6 +31,7 @@ def average_worker(rank, world_size):
     return p.grad.tolist(), moved
 
 
+@pytest.mark.slow
 def test_average_is_exact_and_bytes_through_rank_0_grow_with_n():
     values = launch.run(average_worker, 3, timeout=90, threads=1, echo=False)
     for grad, _ in values:
@@ -39,6 +40,7 @@ def test_average_is_exact_and_bytes_through_rank_0_grow_with_n():
     assert values[1][1] == {"sent": 20, "received": 20}
 
 
+@pytest.mark.slow
 def test_scaling_run_reports_every_worker_count_with_the_expected_traffic():
     cfg = {"steps": 2, "warmup": 1, "batch_size": 8}
     rows = paramserver.measure_ps_scaling((1, 2, 4), cfg, timeout=150)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import REPO
 from multigpu.course import hygiene, release
 
 
+@pytest.mark.slow
 def test_learner_copies_match_a_fresh_release():
     problems = release.differences(REPO)
     assert not problems, "learner copies drifted (run 'make release' and commit):\n" + "\n".join(problems)

@@ -146,6 +146,7 @@ def test_an_unflagged_pass_is_not_held(tmp_path):
         official.decide(grading, "alice", approve=True, reason="x")
 
 
+@pytest.mark.slow
 def test_review_command_lists_shows_and_decides(tmp_path):
     flag = review.Flag("timeline", 7, "open(os.environ['HOROVOD_TIMELINE'], 'w')", "names the timeline").to_dict()
     grading = _official(tmp_path, passed=True, flags=[flag])
@@ -163,6 +164,7 @@ def test_review_command_lists_shows_and_decides(tmp_path):
     assert "rejected" in cli().stdout
 
 
+@pytest.mark.slow
 def test_the_kept_source_is_checked_against_its_hash(tmp_path):
     grading = _official(tmp_path, passed=True, flags=[])
     result_file = grading / "results" / "alice.json"
@@ -189,6 +191,7 @@ def test_keep_source_refuses_a_file_that_changed_after_grading(tmp_path):
         audit.keep_source(script, tmp_path / "alice.json", graded)
 
 
+@pytest.mark.slow
 def test_the_grader_version_names_the_package_and_the_commit(repo):
     import multigpu
 

@@ -25,6 +25,7 @@ def test_expected_bytes():
     assert ring.expected_bytes_per_worker(400, 1) == 0
 
 
+@pytest.mark.slow
 def test_reference_ring_matches_the_sum_for_2_3_4_workers_and_sends_2_n_minus_1_over_n():
     report = ring.check_allreduce(ring.ring_allreduce, (2, 3, 4), sizes=(1, 2, 5, 7, 1001, 4099))
     assert set(report) == {2, 3, 4}
@@ -41,6 +42,7 @@ def collective_cheat(tensor):
     return int(2 * (dist.get_world_size() - 1) / dist.get_world_size() * tensor.numel() * 4)
 
 
+@pytest.mark.slow
 def test_a_collective_is_refused():
     with pytest.raises(launch.WorkerError) as err:
         ring.check_allreduce(collective_cheat, 2, sizes=(8,))
@@ -71,6 +73,7 @@ def naive_allgather_sum(tensor):
     return sent
 
 
+@pytest.mark.slow
 def test_a_correct_but_wasteful_exchange_fails_the_byte_check():
     report = ring.check_allreduce(naive_allgather_sum, (3,), sizes=(1000,))
     assert report[3]["correct"] and report[3]["returned_ok"]
@@ -81,6 +84,7 @@ def not_implemented(tensor):
     raise NotImplementedError()
 
 
+@pytest.mark.slow
 def test_the_blank_exercise_fails_fast():
     start = time.monotonic()
     with pytest.raises(launch.WorkerError) as err:
@@ -94,6 +98,7 @@ def wrong_answer(tensor):
     return 0
 
 
+@pytest.mark.slow
 def test_a_wrong_sum_is_reported():
     report = ring.check_allreduce(wrong_answer, (2,), sizes=(5,))
     assert not report[2]["correct"]
@@ -132,6 +137,7 @@ def direct_allreduce(tensor):
     return sent
 
 
+@pytest.mark.slow
 def test_a_scheme_that_is_not_a_ring_is_caught_by_its_messages_destinations():
     report = ring.check_allreduce(direct_allreduce, (3, 4), sizes=(7, 1001))
     for n, r in report.items():
@@ -140,6 +146,7 @@ def test_a_scheme_that_is_not_a_ring_is_caught_by_its_messages_destinations():
     assert all(r["ring_ok"] for r in ring.check_allreduce(ring.ring_allreduce, (3, 4), sizes=(7, 1001)).values())
 
 
+@pytest.mark.slow
 def test_compare_with_gloo_agrees_and_counts_bytes():
     rows = ring.compare_with_gloo((2, 3), sizes=(1000, 2**16), repeats=1)
     assert [(r["workers"], r["numel"]) for r in rows] == [(2, 1000), (2, 2**16), (3, 1000), (3, 2**16)]

@@ -80,6 +80,7 @@ def real_places(repo, tmp_path, monkeypatch):
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
+@pytest.mark.slow
 def test_a_hostile_submission_reaches_nothing_of_the_grader(real_places, tmp_path):
     places, train_root, before = real_places
     work = tmp_path / "work"
@@ -105,6 +106,7 @@ def test_a_hostile_submission_reaches_nothing_of_the_grader(real_places, tmp_pat
     assert places["key"] not in rec.tail and "not a real key" not in rec.tail
 
 
+@pytest.mark.slow
 def test_no_process_outlives_the_sandbox_even_a_double_fork_with_a_clean_environment(tmp_path):
     marker = uuid.uuid4().hex
     body = (
@@ -128,6 +130,7 @@ def test_no_process_outlives_the_sandbox_even_a_double_fork_with_a_clean_environ
     assert not alive, f"a process of a sandboxed job survived it: {alive}"
 
 
+@pytest.mark.slow
 def test_output_written_through_proc_is_capped_like_any_other(tmp_path, capfd):
     (tmp_path / "w").mkdir()
     script = tmp_path / "w" / "train.py"
@@ -148,6 +151,7 @@ def test_output_written_through_proc_is_capped_like_any_other(tmp_path, capfd):
     assert len(out) + len(err) < 100_000, "output reached the grader's own stdout around the pipe"
 
 
+@pytest.mark.slow
 def test_memory_is_bounded(tmp_path):
     (tmp_path / "w").mkdir()
     script = tmp_path / "w" / "train.py"
@@ -167,6 +171,7 @@ def test_grading_for_a_certificate_refuses_without_the_sandbox(monkeypatch, tmp_
     assert result.score == 0 and "no submission" in result.criteria["workers"].message
 
 
+@pytest.mark.slow
 def test_no_verdict_where_horovod_cannot_load_inside_the_sandbox(monkeypatch):
     """The red CI of 2026-11-25: Horovod worked outside the sandbox, but its extension loaded MPI
     from a folder the sandbox hides, and every submission scored 0 ("MPI support has not been
@@ -184,6 +189,7 @@ def test_no_verdict_where_horovod_cannot_load_inside_the_sandbox(monkeypatch):
     assert grader.horovod_unavailable({"readable": [], "hidden": []}) is None  # and where it can, it passes
 
 
+@pytest.mark.slow
 def test_what_is_hidden_stays_hidden_inside_a_folder_bound_back(tmp_path):
     """A folder under the hidden /tmp comes back read-only (a course or venv checked out there);
     a file and a folder hidden inside it must stay hidden (the venv's libmpi in the test above,

@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from multigpu.grading import grader, similarity
 
 
@@ -56,6 +58,7 @@ def test_a_disguised_copy_is_listed_and_an_independent_conversion_is_not():
     assert [(p.a, p.b) for p in listed] == [("alice", "bob")]
 
 
+@pytest.mark.slow
 def test_the_instructor_gets_the_pairs_of_the_collected_cohort(tmp_path):
     grading = tmp_path / "grading"
     reference = grader.REFERENCE.read_text()

@@ -149,6 +149,7 @@ def test_hub_settings(monkeypatch, tmp_path):
     assert env["JUPYTER_CONFIG_PATH"].endswith("jupyter/learner")
 
 
+@pytest.mark.slow
 def test_a_grading_that_crashes_or_hangs_fails_with_a_message_and_keeps_the_queue(tmp_path, monkeypatch):
     """The service's side of a grading: whatever the child does, the job ends done or failed
     with words for the learner, and the next job still runs."""
