@@ -257,7 +257,7 @@ class ImageTransform:
             rgbx[..., :3] = x.permute(0, 2, 3, 1).numpy()
         return self._finish(rgbx)
 
-    def _collate(self, pixels: Sequence[Pixels]) -> torch.Tensor:
+    def batch_pixels(self, pixels: Sequence[Pixels]) -> torch.Tensor:
         """``batch(stack(pixels))`` in one step, as the loader's :func:`collate` runs it: with
         augmentation, each image's crop window is copied straight from its own bytes."""
         s = self.size
@@ -370,7 +370,7 @@ def _collate_pixels(column: Sequence[Pixels]) -> torch.Tensor:
     their transform (each with its own when they come from different transforms)."""
     transform = column[0].transform
     if all(p.transform is transform for p in column):
-        return transform._collate(column)
+        return transform.batch_pixels(column)
     return torch.stack([p.finish() for p in column])
 
 
