@@ -14,7 +14,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,17 @@ STYLE: dict[str, float] = {
 def _shape_mask(name: str, rng: np.random.Generator, size: int) -> Image.Image:
     """A white shape on black (mode "L"), ``size`` x ``size``, randomly placed, scaled, rotated."""
     mask = Image.new("L", (size, size), 0)
-    draw = ImageDraw.Draw(mask)
+    _draw_shape(name, ImageDraw.Draw(mask), _placement(rng, size), rng)
+    return mask
+
+
+Place = Callable[..., list[tuple[float, float]]]
+
+
+def _placement(rng: np.random.Generator, size: int) -> Place:
+    """Where and how one shape sits in the image (centre, size, rotation, mirror, squash), drawn
+    from ``rng``: ``place(points, jitter)`` maps a shape's outline around (0, 0) with radius 1 there,
+    each point moved by ``jitter`` at random."""
     radius = size * rng.uniform(STYLE["radius_min"], STYLE["radius_max"])
     margin = radius * 0.9
     cx = rng.uniform(margin, size - margin)
@@ -98,18 +108,26 @@ def _shape_mask(name: str, rng: np.random.Generator, size: int) -> Image.Image:
         y = pts[:, 0] * s + pts[:, 1] * c
         return list(zip((cx + radius * x).tolist(), (cy + radius * y).tolist()))
 
-    def circle(r: float = 1.0, ox: float = 0.0, oy: float = 0.0, n: int = 48) -> list[tuple[float, float]]:
-        t = np.linspace(0.0, 2.0 * math.pi, n, endpoint=False)
-        return list(zip((ox + r * np.cos(t)).tolist(), (oy + r * np.sin(t)).tolist()))
+    return place
 
+
+def _circle(r: float = 1.0, ox: float = 0.0, oy: float = 0.0, n: int = 48) -> list[tuple[float, float]]:
+    """A circle's outline of ``n`` points, radius ``r``, centred at (``ox``, ``oy``)."""
+    t = np.linspace(0.0, 2.0 * math.pi, n, endpoint=False)
+    return list(zip((ox + r * np.cos(t)).tolist(), (oy + r * np.sin(t)).tolist()))
+
+
+def _draw_shape(name: str, draw: ImageDraw.ImageDraw, place: Place, rng: np.random.Generator) -> None:
+    """Draw the shape ``name`` in white (holes in black), placed by ``place``; its own proportions
+    drawn from ``rng``."""
     if name == "circle":
-        draw.polygon(place(circle(), 0.0), fill=255)
+        draw.polygon(place(_circle(), 0.0), fill=255)
     elif name == "ring":
-        draw.polygon(place(circle(), 0.0), fill=255)
-        draw.polygon(place(circle(rng.uniform(0.5, 0.65)), 0.0), fill=0)
+        draw.polygon(place(_circle(), 0.0), fill=255)
+        draw.polygon(place(_circle(rng.uniform(0.5, 0.65)), 0.0), fill=0)
     elif name == "crescent":
-        draw.polygon(place(circle(), 0.0), fill=255)
-        draw.polygon(place(circle(rng.uniform(0.8, 0.95), ox=rng.uniform(0.45, 0.6)), 0.0), fill=0)
+        draw.polygon(place(_circle(), 0.0), fill=255)
+        draw.polygon(place(_circle(rng.uniform(0.8, 0.95), ox=rng.uniform(0.45, 0.6)), 0.0), fill=0)
     elif name == "triangle":
         draw.polygon(place([(math.cos(a), math.sin(a)) for a in (-math.pi / 2, math.pi / 6, 5 * math.pi / 6)]), fill=255)
     elif name == "square":
@@ -141,7 +159,6 @@ def _shape_mask(name: str, rng: np.random.Generator, size: int) -> Image.Image:
         draw.polygon(place([(-0.7, -1), (-0.7 + w, -1), (-0.7 + w, 1 - w), (0.8, 1 - w), (0.8, 1), (-0.7, 1)], 0.03), fill=255)
     else:  # pragma: no cover - guarded by class_names()
         raise ValueError(f"unknown shape {name!r}")
-    return mask
 
 
 def _colour(rng: np.random.Generator, high: int = 256) -> np.ndarray:
