@@ -158,108 +158,162 @@ def train(
     sum of ``epoch_time_s``, until the first epoch whose ``val_acc >= target_accuracy``; None if
     never reached or no target), ``target_accuracy``, ``world_size``, ``steps``.
     """
-    average = average or _identity
-    loss_fn = loss_fn or nn.functional.cross_entropy
-    device = torch.device(device)
-    is_root = rank == 0
+    loop = _Loop(model, optimizer, torch.device(device), loss_fn or nn.functional.cross_entropy, lr_schedule,
+                 average or _identity, rank == 0, world_size, epochs, _steps_per_epoch(train_loader, max_steps_per_epoch),
+                 max_steps_per_epoch, untimed_steps, progress, verbose)
     set_epoch = getattr(sampler, "set_epoch", None) or getattr(getattr(train_loader, "sampler", None), "set_epoch", None)
-    try:
-        steps_per_epoch = len(train_loader)  # type: ignore[arg-type]
-    except TypeError:
-        steps_per_epoch = max_steps_per_epoch or 1
-    if max_steps_per_epoch is not None:
-        steps_per_epoch = min(steps_per_epoch, max_steps_per_epoch)
-
-    keys = (
-        "epoch", "train_loss", "train_acc", "val_loss", "val_acc", "images_per_s",
-        "images_per_s_worker", "epoch_time_s", "lr", "elapsed_s",
-    )
-    history: dict[str, Any] = {k: [] for k in keys}
-    history.update(time_to_accuracy_s=None, target_accuracy=target_accuracy, world_size=world_size, steps=0)
+    history = _new_history(target_accuracy, world_size)
     train_time = 0.0
     t_start = time.perf_counter()
     model.train()
-
     for epoch in range(epochs):
         if set_epoch is not None:
             set_epoch(epoch)
+        record, epoch_time = loop.epoch(epoch, train_loader, val_loader, history, t_start)
+        train_time += epoch_time
+        val_acc = record["val_acc"]
+        if target_accuracy is not None and history["time_to_accuracy_s"] is None and val_acc is not None \
+                and val_acc >= target_accuracy:
+            history["time_to_accuracy_s"] = train_time
+        if on_epoch_end is not None:
+            on_epoch_end(record)
+    return history
+
+
+HISTORY_KEYS = (
+    "epoch", "train_loss", "train_acc", "val_loss", "val_acc", "images_per_s",
+    "images_per_s_worker", "epoch_time_s", "lr", "elapsed_s",
+)
+
+
+def _steps_per_epoch(train_loader: Iterable, max_steps_per_epoch: int | None) -> int:
+    """Steps of one epoch: the loader's length (``max_steps_per_epoch``, or 1, when it has none),
+    at most ``max_steps_per_epoch``."""
+    try:
+        steps = len(train_loader)  # type: ignore[arg-type]
+    except TypeError:
+        steps = max_steps_per_epoch or 1
+    return steps if max_steps_per_epoch is None else min(steps, max_steps_per_epoch)
+
+
+def _new_history(target_accuracy: float | None, world_size: int) -> dict[str, Any]:
+    """:func:`train`'s history before the first epoch: an empty list per epoch metric, the scalars."""
+    history: dict[str, Any] = {k: [] for k in HISTORY_KEYS}
+    history.update(time_to_accuracy_s=None, target_accuracy=target_accuracy, world_size=world_size, steps=0)
+    return history
+
+
+@dataclass
+class _Loop:
+    """What :func:`train` runs each epoch with: one epoch's steps, its record, its printed line."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    lr_schedule: Callable[[float], float] | None
+    average: Average
+    is_root: bool
+    world_size: int
+    epochs: int
+    steps_per_epoch: int
+    max_steps_per_epoch: int | None
+    untimed_steps: int
+    progress: bool
+    verbose: bool
+
+    def epoch(self, epoch: int, train_loader: Iterable, val_loader: Iterable | None, history: dict[str, Any],
+              t_start: float) -> tuple[dict[str, Any], float]:
+        """Train one epoch, evaluate, append its record to ``history`` and print it (rank 0);
+        return the record and this rank's own training time."""
         loss_meter, acc_meter = AverageMeter("loss"), AverageMeter("acc")
-        meter = ThroughputMeter(untimed_steps=min(untimed_steps, max(0, steps_per_epoch - 2)), device=device)
+        meter = ThroughputMeter(untimed_steps=min(self.untimed_steps, max(0, self.steps_per_epoch - 2)), device=self.device)
+        t0 = time.perf_counter()
+        self.steps(epoch, train_loader, history, loss_meter, acc_meter, meter)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        epoch_time = time.perf_counter() - t0
+        record = self.record(epoch, val_loader, loss_meter, acc_meter, meter.images_per_second, epoch_time, t_start)
+        for k, v in record.items():
+            history[k].append(v)
+        if self.is_root and self.verbose:
+            self.report(record, epoch, epoch_time)
+        return record, epoch_time
+
+    def steps(self, epoch: int, train_loader: Iterable, history: dict[str, Any], loss_meter: AverageMeter,
+              acc_meter: AverageMeter, meter: ThroughputMeter) -> None:
+        """One epoch's training steps (a progress bar on rank 0 with ``progress``)."""
         batches: Iterable = train_loader
         bar = None
-        if progress and is_root:
-            bar = _progress(train_loader, total=steps_per_epoch, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False)
+        if self.progress and self.is_root:
+            bar = _progress(train_loader, total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{self.epochs}", unit="batch",
+                            leave=False)
             batches = bar
-        t0 = time.perf_counter()
         meter.start()
         for i, (images, labels) in enumerate(batches):
-            if max_steps_per_epoch is not None and i >= max_steps_per_epoch:
+            if self.max_steps_per_epoch is not None and i >= self.max_steps_per_epoch:
                 break
-            if lr_schedule is not None:
-                set_lr(optimizer, lr_schedule(epoch + i / steps_per_epoch))
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
-            out = model(images)
-            loss = loss_fn(out, labels)
-            loss.backward()
-            optimizer.step()
+            out, labels, loss_value = self.step(epoch, i, images, labels)
             n = labels.numel()
-            loss_value = float(loss.detach())
-            if not math.isfinite(loss_value) and is_root and verbose:
-                print(f"warning: loss is {loss_value} at epoch {epoch + 1}, step {i} (learning rate too high?)")
             loss_meter.update(loss_value, n)
-            acc_meter.update(float((out.detach().argmax(1) == labels).float().mean()), n)
+            acc_meter.update(float((out.argmax(1) == labels).float().mean()), n)
             meter.step(n)
             history["steps"] += 1
             if bar is not None and (i % 10 == 0):
                 bar.set_postfix(loss=f"{loss_meter.avg:.3f}", acc=f"{acc_meter.avg:.3f}", refresh=False)
         if bar is not None:
             bar.close()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        epoch_time = time.perf_counter() - t0
-        train_time += epoch_time
 
+    def step(self, epoch: int, i: int, images: torch.Tensor,
+             labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One step: the scheduled learning rate, ``zero_grad``, forward, ``backward``, ``step``;
+        returns the (detached) output, the labels on the device and the loss."""
+        if self.lr_schedule is not None:
+            set_lr(self.optimizer, self.lr_schedule(epoch + i / self.steps_per_epoch))
+        images = images.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        out = self.model(images)
+        loss = self.loss_fn(out, labels)
+        loss.backward()
+        self.optimizer.step()
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value) and self.is_root and self.verbose:
+            print(f"warning: loss is {loss_value} at epoch {epoch + 1}, step {i} (learning rate too high?)")
+        return out.detach(), labels, loss_value
+
+    def record(self, epoch: int, val_loader: Iterable | None, loss_meter: AverageMeter, acc_meter: AverageMeter,
+               worker_rate: float, epoch_time: float, t_start: float) -> dict[str, Any]:
+        """The epoch's entry of the history: evaluated on ``val_loader`` (when given), each metric
+        averaged across ranks."""
         val_loss: float | None
         val_acc: float | None
         if val_loader is not None:
-            val_loss, val_acc = evaluate(model, val_loader, device, loss_fn)
-            val_loss, val_acc = average(val_loss, "val_loss"), average(val_acc, "val_acc")
+            val_loss, val_acc = evaluate(self.model, val_loader, self.device, self.loss_fn)
+            val_loss, val_acc = self.average(val_loss, "val_loss"), self.average(val_acc, "val_acc")
         else:
             val_loss = val_acc = None
-        worker_rate = meter.images_per_second
-        record = {
+        return {
             "epoch": epoch + 1,
-            "train_loss": average(loss_meter.avg, "train_loss"),
-            "train_acc": average(acc_meter.avg, "train_acc"),
+            "train_loss": self.average(loss_meter.avg, "train_loss"),
+            "train_acc": self.average(acc_meter.avg, "train_acc"),
             "val_loss": val_loss,
             "val_acc": val_acc,
-            "images_per_s": average(worker_rate, "images_per_s") * world_size,
+            "images_per_s": self.average(worker_rate, "images_per_s") * self.world_size,
             "images_per_s_worker": worker_rate,
-            "epoch_time_s": average(epoch_time, "epoch_time_s"),
-            "lr": _get_lr(optimizer),
+            "epoch_time_s": self.average(epoch_time, "epoch_time_s"),
+            "lr": _get_lr(self.optimizer),
             "elapsed_s": time.perf_counter() - t_start,
         }
-        for k, v in record.items():
-            history[k].append(v)
-        if (
-            target_accuracy is not None
-            and history["time_to_accuracy_s"] is None
-            and val_acc is not None
-            and val_acc >= target_accuracy
-        ):
-            history["time_to_accuracy_s"] = train_time
-        if is_root and verbose:
-            val = f"val loss {val_loss:.3f} acc {val_acc:.3f} | " if val_acc is not None else ""
-            print(
-                f"epoch {epoch + 1}/{epochs} | train loss {record['train_loss']:.3f} acc {record['train_acc']:.3f} | "
-                f"{val}{record['images_per_s']:.0f} img/s | {epoch_time:.1f} s | lr {record['lr']:.4g}",
-                flush=True,
-            )
-        if on_epoch_end is not None:
-            on_epoch_end(record)
-    return history
+
+    def report(self, record: dict[str, Any], epoch: int, epoch_time: float) -> None:
+        """The epoch's line on rank 0."""
+        val = f"val loss {record['val_loss']:.3f} acc {record['val_acc']:.3f} | " if record["val_acc"] is not None else ""
+        print(
+            f"epoch {epoch + 1}/{self.epochs} | train loss {record['train_loss']:.3f} acc {record['train_acc']:.3f} | "
+            f"{val}{record['images_per_s']:.0f} img/s | {epoch_time:.1f} s | lr {record['lr']:.4g}",
+            flush=True,
+        )
 
 
 def train_reference(
