@@ -266,8 +266,13 @@ def cmd_similarity(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from multigpu.grading.certificates import default_key_path
+    """The grading verbs, the certificate verbs and the instructor's verbs."""
+    _register_grading(sub)
+    _register_certificates(sub)
+    _register_instructor(sub)
 
+
+def _register_grading(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("grade", help="grade an assessment the way the official grader does")
     p.add_argument("target", nargs="?", default="assessments", help="the assessments/ folder or a script")
     p.add_argument("--profile", choices=["cpu", "gpu", "quick"], default=None,
@@ -281,6 +286,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grading", type=Path, default=Path("grading"), help="the course's grading folder")
     p.add_argument("--profile", choices=["cpu", "gpu", "quick"], default=None)
     p.set_defaults(func=cmd_grade_submissions)
+
+
+def _register_certificates(sub: argparse._SubParsersAction) -> None:
+    from multigpu.grading.certificates import default_key_path
 
     p = sub.add_parser("keygen", help="create the course's certificate signing key (outside the repository)")
     p.add_argument("--key", type=Path, default=None, help=f"private key path (default {default_key_path()})")
@@ -317,6 +326,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "else a local address for trying it out)")
     p.set_defaults(func=cmd_certify)
 
+
+def _register_instructor(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="grade the reference and the broken variants; print pass counts")
     p.add_argument("--profile", choices=["cpu", "gpu", "quick"], default="cpu")
     p.add_argument("--reference", type=int, default=10, help="gradings of the reference (default 10)")

@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -148,6 +147,33 @@ def _scan(folder: Path | None, start: float, seen: dict[tuple[int, int], float])
             seen.setdefault((int(m.group(1)), int(m.group(2))), now)
 
 
+class _Watch:
+    """What :func:`run_untrusted` checks every POLL_S: the job's memory, the checkpoints written so
+    far (``seen``: ``(rank, epoch) -> seconds after start``), the stop rule; ``known``: every
+    process of the job seen so far (killed with it)."""
+
+    def __init__(self, pid: int, ckpt: Path | None, start: float, max_memory_bytes: int | None,
+                 stop_if: StopRule | None):
+        self.pid, self.ckpt, self.start, self.max_memory_bytes, self.stop_if = pid, ckpt, start, max_memory_bytes, stop_if
+        self.seen: dict[tuple[int, int], float] = {}
+        self.known: set[int] = set()
+        self.peak = 0
+        self.memory_exceeded = False
+
+    def tick(self, elapsed: float) -> str:
+        alive = _descendants(self.pid)
+        self.known.update(alive)
+        used = _memory(alive | {self.pid})
+        self.peak = max(self.peak, used)
+        if self.max_memory_bytes is not None and used > self.max_memory_bytes:
+            self.memory_exceeded = True
+            return "too much memory"
+        _scan(self.ckpt, self.start, self.seen)
+        if self.stop_if is None:
+            return ""
+        return self.stop_if(dict(self.seen), elapsed) or ""
+
+
 def run_untrusted(
     script: str | os.PathLike,
     workdir: str | os.PathLike,
@@ -174,7 +200,6 @@ def run_untrusted(
     is asked on every poll with the checkpoints seen so far (``(rank, epoch) -> seconds``): a
     non-empty answer stops the run at once and is kept as ``stopped_early``.
     """
-    from multigpu.grading import sandbox as sb
     from multigpu.running import launch
 
     workdir = Path(workdir).resolve()
@@ -183,52 +208,50 @@ def run_untrusted(
     if workers is not None:
         command = [*launch.horovodrun_command(workers), *command]
     token = uuid.uuid4().hex
-    if sandbox is not None:
-        popen_env = sb.environment({**(env or {}), TOKEN_VAR: token})
-        argv = sb.command(command, workdir=workdir, readable=sandbox.get("readable", ()),
-                          hidden=sandbox.get("hidden", ()))
-    else:
-        popen_env, argv = _python_env(env, token), command
+    argv, popen_env = _wrapped(command, workdir, env, token, sandbox)
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
     started_at = time.time()
     start = time.monotonic()
     proc = launch.start(argv, env=popen_env, cwd=workdir)
-    seen: dict[tuple[int, int], float] = {}
-    known: set[int] = set()
-    watch: dict[str, Any] = {"peak": 0, "memory_exceeded": False}
-
-    def tick(elapsed: float) -> str:
-        """Every POLL_S: the job's memory, the checkpoints written so far, the stop rule."""
-        alive = _descendants(proc.pid)
-        known.update(alive)
-        used = _memory(alive | {proc.pid})
-        watch["peak"] = max(watch["peak"], used)
-        if max_memory_bytes is not None and used > max_memory_bytes:
-            watch["memory_exceeded"] = True
-            return "too much memory"
-        _scan(ckpt, start, seen)
-        if stop_if is None:
-            return ""
-        return stop_if(dict(seen), elapsed) or ""
-
+    watch = _Watch(proc.pid, ckpt, start, max_memory_bytes, stop_if)
     job = launch.supervise([proc], ["run"], timeout, echo, " ".join(command[:5]), max_output_bytes=max_output_bytes,
-                           max_printed_lines=MAX_ECHO_LINES, on_tick=tick, tick_s=POLL_S,
-                           kill=lambda: kill_job(proc.pid, token, known), raise_on_timeout=False,
+                           max_printed_lines=MAX_ECHO_LINES, on_tick=watch.tick, tick_s=POLL_S,
+                           kill=lambda: kill_job(proc.pid, token, watch.known), raise_on_timeout=False,
                            wait_for_output=False)  # a daemon the script left may hold the pipe open
-    _scan(ckpt, start, seen)
+    _scan(ckpt, start, watch.seen)
     wall = time.monotonic() - start
+    record = RunRecord(command=command, returncode=proc.returncode, wall_s=wall, timed_out=job.timed_out,
+                       output_exceeded=job.output_exceeded, output_bytes=job.output_bytes, tail=job.tail,
+                       checkpoint_times=dict(watch.seen), epoch_times=_epoch_times(watch.seen),
+                       memory_exceeded=watch.memory_exceeded, peak_memory_bytes=watch.peak,
+                       sandboxed=sandbox is not None, stopped_early="" if watch.memory_exceeded else job.stopped,
+                       started_at=started_at)
+    if log is not None:
+        log(f"{' '.join(command[:5])} ...: {_how_it_ended(record)} after {wall:.1f} s")
+    return record
+
+
+def _wrapped(command: list[str], workdir: Path, env: dict[str, str] | None, token: str,
+             sandbox: dict[str, Sequence[str | os.PathLike]] | None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start ``command``: inside the sandbox (``workdir`` its only
+    writable folder) or plainly; either way the environment carries the job's ``token``."""
+    from multigpu.grading import sandbox as sb
+
+    if sandbox is None:
+        return command, _python_env(env, token)
+    argv = sb.command(command, workdir=workdir, readable=sandbox.get("readable", ()), hidden=sandbox.get("hidden", ()))
+    return argv, sb.environment({**(env or {}), TOKEN_VAR: token})
+
+
+def _epoch_times(seen: dict[tuple[int, int], float]) -> dict[int, float]:
+    """Epoch -> when its last rank's checkpoint appeared (seconds after the start)."""
     epoch_times: dict[int, float] = {}
     for (_, epoch), t in seen.items():
         epoch_times[epoch] = max(t, epoch_times.get(epoch, 0.0))
-    record = RunRecord(command=command, returncode=proc.returncode, wall_s=wall, timed_out=job.timed_out,
-                       output_exceeded=job.output_exceeded, output_bytes=job.output_bytes, tail=job.tail,
-                       checkpoint_times=dict(seen), epoch_times=epoch_times,
-                       memory_exceeded=watch["memory_exceeded"], peak_memory_bytes=watch["peak"],
-                       sandboxed=sandbox is not None, stopped_early="" if watch["memory_exceeded"] else job.stopped,
-                       started_at=started_at)
-    if log is not None:
-        how = ("timed out" if record.timed_out else "stopped: too much output" if record.output_exceeded
-               else "stopped: too much memory" if record.memory_exceeded
-               else "stopped early" if record.stopped_early else f"exit code {record.returncode}")
-        log(f"{' '.join(command[:5])} ...: {how} after {wall:.1f} s")
-    return record
+    return epoch_times
+
+
+def _how_it_ended(record: RunRecord) -> str:
+    return ("timed out" if record.timed_out else "stopped: too much output" if record.output_exceeded
+            else "stopped: too much memory" if record.memory_exceeded
+            else "stopped early" if record.stopped_early else f"exit code {record.returncode}")
