@@ -16,29 +16,40 @@ wait longer for data.
 - :func:`pipeline_vs_model` measures both, interleaved, and returns their ratio: the number the
   DataLoader exercise is graded on.
 - :func:`profile_steps` runs a few training steps under ``torch.profiler`` and returns its table.
+
+Making that one device's step faster (:func:`compare_step_options`) is
+:mod:`multigpu.labs.lab2.step_options`; its names are importable from here too.
 """
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
+
+from multigpu.labs.lab2.step_options import EAGER_OPTIONS as EAGER_OPTIONS  # Lab 2's step options, importable from here too
+from multigpu.labs.lab2.step_options import STEP_OPTIONS as STEP_OPTIONS
+from multigpu.labs.lab2.step_options import WITHOUT_BF16_ISA as WITHOUT_BF16_ISA
+from multigpu.labs.lab2.step_options import compare_step_options as compare_step_options
+from multigpu.labs.lab2.step_options import format_step_options as format_step_options
+from multigpu.labs.lab2.step_options import mixed_precision_dtype as mixed_precision_dtype
+from multigpu.labs.lab2.step_options import step_options_worker as step_options_worker
+from multigpu.labs.lab2.step_options import synchronize, synthetic_batch, train_step
+
+if TYPE_CHECKING:
+    from multigpu.core.data import ImageTransform
+
+T = TypeVar("T")
 
 #: Pipeline stages in the order an image goes through them.
 STAGES: tuple[str, ...] = ("read", "decode", "augment", "collate", "copy")
 #: The ranges :func:`profile_steps` wraps each training step in.
 PHASES: tuple[str, ...] = ("load", "forward", "backward", "optimizer")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass
@@ -102,85 +113,80 @@ def time_stages(
     and ``collate`` is the stacking in between; any other transform runs per image and
     ``collate`` stacks its tensors.
     """
-    from multigpu.core.data import ImageTransform, collate, decode
+    from multigpu.core.data import ImageTransform, decode
 
     device = torch.device(device) if device is not None else torch.device("cpu")
     transform = transform or dataset.transform
     if transform is None:
         raise ValueError("the dataset has no transform: pass transform=data.train_transform(size)")
-    n = min(int(n_images), len(dataset))
-    if n < 1:
-        raise ValueError("need at least one image")
-    stride = max(1, len(dataset) // n)
-    indices = [(start + i * stride) % len(dataset) for i in range(n)]
+    indices = _spread(len(dataset), n_images, start)
     labels = [dataset.samples[i][1] for i in indices]
     seconds: dict[str, float] = {}
+    blobs = _timed(seconds, "read", lambda: [dataset.read(i) for i in indices])
+    staged = transform if isinstance(transform, ImageTransform) else None
+    size = staged.size if staged is not None else None  # as the dataset decodes for it (JPEG draft mode)
+    images = _timed(seconds, "decode", lambda: [decode(b, size) for b in blobs])
+    if staged is not None:
+        samples: list[Any] = _timed(seconds, "augment", lambda: [staged.sample(im) for im in images])
+    else:
+        samples = _timed(seconds, "augment", lambda: [transform(im) for im in images])
+    batches = _timed(seconds, "collate", lambda: _batches(samples, labels, batch_size, staged))
+    if staged is not None:  # the transform's per-batch half: augmentation, once per batch
+        batches = _timed(seconds, "augment", lambda: [(staged.batch(x), y) for x, y in batches])
+    notes: dict[str, str] = {}
+    seconds["copy"] = _time_copy(batches, device, notes)
+    return StageTimes(images=len(indices), seconds=seconds, device=str(device), notes=notes)
 
-    t0 = time.perf_counter()
-    blobs = [dataset.read(i) for i in indices]
-    seconds["read"] = time.perf_counter() - t0
 
-    split = isinstance(transform, ImageTransform)
-    staged = cast(ImageTransform, transform)  # read only where split is True
-    size = staged.size if split else None  # as the dataset decodes for it (JPEG draft mode)
-    t0 = time.perf_counter()
-    images = [decode(b, size) for b in blobs]
-    seconds["decode"] = time.perf_counter() - t0
+def _spread(length: int, n_images: int, start: int) -> list[int]:
+    """Indices of ``n_images`` images (at most all) spread over a data set of ``length``, from ``start``."""
+    n = min(int(n_images), length)
+    if n < 1:
+        raise ValueError("need at least one image")
+    stride = max(1, length // n)
+    return [(start + i * stride) % length for i in range(n)]
 
-    t0 = time.perf_counter()
-    samples: list[Any] = [staged.sample(im) for im in images] if split else [transform(im) for im in images]
-    seconds["augment"] = time.perf_counter() - t0
 
+def _timed(seconds: dict[str, float], stage: str, work: Callable[[], T]) -> T:
+    """``work()``, its seconds added to ``seconds[stage]``."""
     t0 = time.perf_counter()
-    if split:  # what data.collate does before the transform's batch step
-        batches = [
+    out = work()
+    seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - t0
+    return out
+
+
+def _batches(samples: list[Any], labels: list[int], batch_size: int,
+             staged: ImageTransform | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The samples in batches as the default loader collates them: with one of the course's
+    transforms (``staged``) what ``data.collate`` does before the transform's batch step, else
+    ``data.collate`` itself."""
+    from multigpu.core.data import collate
+
+    n = len(samples)
+    if staged is not None:
+        return [
             (staged.stack(samples[i : i + batch_size]), torch.tensor(labels[i : i + batch_size]))
             for i in range(0, n, batch_size)
         ]
-    else:
-        batches = [
-            collate(list(zip(samples[i : i + batch_size], labels[i : i + batch_size])))
-            for i in range(0, n, batch_size)
-        ]
-    seconds["collate"] = time.perf_counter() - t0
+    return [collate(list(zip(samples[i : i + batch_size], labels[i : i + batch_size]))) for i in range(0, n, batch_size)]
 
-    if split:  # the transform's per-batch half: augmentation, once per batch
-        t0 = time.perf_counter()
-        batches = [(staged.batch(x), y) for x, y in batches]
-        seconds["augment"] += time.perf_counter() - t0
 
-    notes: dict[str, str] = {}
-    pin = device.type == "cuda"
-    if pin:
+def _time_copy(batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device, notes: dict[str, str]) -> float:
+    """Seconds to copy ``batches`` to ``device`` (pinned first on a GPU); on a CPU, a host memory
+    copy stands in (said in ``notes``)."""
+    if device.type == "cuda":
         batches = [(x.pin_memory(), y.pin_memory()) for x, y in batches]
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     if device.type == "cpu":
         moved = [(x.clone(), y.clone()) for x, y in batches]  # no device memory: a host memcpy stands in
         notes["copy"] = "CPU mode: host memory copy, no device"
     else:
         moved = [(x.to(device, non_blocking=True), y.to(device, non_blocking=True)) for x, y in batches]
-    _sync(device)
-    seconds["copy"] = time.perf_counter() - t0
+    synchronize(device)
+    seconds = time.perf_counter() - t0
     del moved
-    return StageTimes(images=n, seconds=seconds, device=str(device), notes=notes)
-
-
-def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
-    optimizer.zero_grad(set_to_none=True)
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    optimizer.step()
-    return float(loss.detach())
-
-
-def _synthetic_batch(batch_size: int, image_size: int, device: torch.device,
-                     num_classes: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same random batch every time (seed 0), on ``device``: images and labels."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch_size, 3, image_size, image_size, generator=g).to(device)
-    y = torch.randint(0, num_classes, (batch_size,), generator=g).to(device)
-    return x, y
+    return seconds
 
 
 def model_images_per_s(
@@ -202,14 +208,14 @@ def model_images_per_s(
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model.to(device).train()
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    x, y = _synthetic_batch(batch_size, image_size, device, num_classes)
+    x, y = synthetic_batch(batch_size, image_size, device, num_classes)
     for _ in range(warmup):
-        _train_step(model, optimizer, x, y)
-    _sync(device)
+        train_step(model, optimizer, x, y)
+    synchronize(device)
     t0 = time.perf_counter()
     for _ in range(steps):
-        _train_step(model, optimizer, x, y)
-    _sync(device)
+        train_step(model, optimizer, x, y)
+    synchronize(device)
     return steps * batch_size / (time.perf_counter() - t0)
 
 
@@ -231,7 +237,7 @@ def loader_images_per_s(
     for _ in range(warmup):
         if next(it, None) is None:
             raise ValueError("the loader ran out during the warm-up: use a larger data set")
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter() if warmup else t0
     images = 0
     for _ in range(batches):
@@ -243,7 +249,7 @@ def loader_images_per_s(
             x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
         images += int(y.shape[0])
-    _sync(device)
+    synchronize(device)
     if images == 0:
         raise ValueError("the loader gave no batch after the warm-up: use a larger data set or fewer warm-up batches")
     return images / (time.perf_counter() - t0)
@@ -340,7 +346,7 @@ def profile_steps(
                 loss.backward()
             with record_function("optimizer"):
                 optimizer.step()
-            _sync(device)
+            synchronize(device)
     averages = prof.key_averages()
     ms = {e.key: e.cpu_time_total / 1000 / steps for e in averages if e.key in PHASES}
     phases = ", ".join(f"{name} {ms.get(name, 0.0):.1f}" for name in PHASES)
@@ -379,121 +385,3 @@ def serial_rate(stage_rates: Sequence[float] | dict[str, float]) -> float:
     """Images/s of stages run one after the other in one process: ``1 / sum(1 / rate)``."""
     rates = list(stage_rates.values()) if isinstance(stage_rates, dict) else list(stage_rates)
     return 1.0 / sum(1.0 / r for r in rates)
-
-
-# --------------------------------------------------------------------------- one device first (Lab 2, 1.4)
-
-#: The ways Lab 2 compares of making one device's training step faster, in the order measured.
-STEP_OPTIONS: tuple[str, ...] = ("float32", "mixed precision", "channels_last", "channels_last + mixed precision",
-                                 "torch.compile")
-#: The same without ``torch.compile`` (whose first step compiles for tens of seconds).
-EAGER_OPTIONS: tuple[str, ...] = tuple(o for o in STEP_OPTIONS if o != "torch.compile")
-
-
-def mixed_precision_dtype(device: torch.device | str) -> torch.dtype:
-    """The half-precision type for autocast on ``device``: bfloat16 on a CPU (the one CPUs
-    support), bfloat16 on a GPU that has it (Ampere and later), else float16 (which needs a
-    gradient scaler: its range is small)."""
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return torch.float16
-    return torch.bfloat16
-
-
-def compare_step_options(
-    model_name: str,
-    amp_step: Callable[..., Any],
-    *,
-    batch_size: int = 64,
-    image_size: int | None = None,
-    device: torch.device | str = "cpu",
-    steps: int = 5,
-    repeats: int = 2,
-    options: Sequence[str] = STEP_OPTIONS,
-) -> list[dict[str, Any]]:
-    """Training images/s of a fresh ``model_name`` under each of ``options`` (:data:`STEP_OPTIONS`),
-    side by side: one model per option, all on the same synthetic batch; the first step of each is
-    timed alone (for ``torch.compile`` it holds the compilation), then ``repeats`` rounds of
-    ``steps`` steps go through the options in turn and each option's median round counts.
-
-    ``amp_step(model, optimizer, scaler, images, labels, dtype)`` is the mixed-precision step (Lab
-    2's exercise); ``scaler`` is a ``torch.amp.GradScaler``, enabled only for float16. An option
-    that fails (``torch.compile`` needs a C++ compiler on a CPU) gets its error instead of a rate.
-    Rows: ``option``, ``images_per_s``, ``first_step_s``, ``speedup`` (over float32), ``error``.
-    """
-    from multigpu.core import models
-
-    device = torch.device(device)
-    dtype = mixed_precision_dtype(device)
-    x, y = _synthetic_batch(batch_size, image_size or models.default_image_size(model_name), device)
-    runs: dict[str, Callable[[], Any]] = {}
-    rows: dict[str, dict[str, Any]] = {}
-    for option in options:
-        if option not in STEP_OPTIONS:
-            raise ValueError(f"unknown option {option!r}; choose from {STEP_OPTIONS}")
-        torch.manual_seed(0)
-        model = models.build_model(model_name).to(device).train()
-        images = x
-        if "channels_last" in option:
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-            images = x.contiguous(memory_format=torch.channels_last)
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-        if option == "torch.compile":
-            model = cast(nn.Module, torch.compile(model))
-        run: Callable[[], Any]
-        if "mixed precision" in option:
-            scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-            run = functools.partial(amp_step, model, optimizer, scaler, images, y, dtype)
-        else:
-            run = functools.partial(_train_step, model, optimizer, images, y)
-        row: dict[str, Any] = {"option": option, "images_per_s": None, "first_step_s": None, "speedup": None, "error": None}
-        try:
-            t0 = time.perf_counter()
-            run()
-            _sync(device)
-            row["first_step_s"] = time.perf_counter() - t0
-            run()  # a second untimed step: allocations and caches settle
-            runs[option] = run
-        except Exception as exc:  # one option failing must not hide the others
-            first_line = (str(exc).strip().splitlines() or [""])[0]
-            row["error"] = f"{type(exc).__name__}: {first_line[:200]}"
-        rows[option] = row
-    rates: dict[str, list[float]] = {option: [] for option in runs}
-    for _ in range(repeats):
-        for option, run in runs.items():
-            _sync(device)
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                run()
-            _sync(device)
-            rates[option].append(steps * batch_size / (time.perf_counter() - t0))
-    base = statistics.median(rates["float32"]) if rates.get("float32") else None
-    for option, values in rates.items():
-        rows[option]["images_per_s"] = statistics.median(values)
-        if base:
-            rows[option]["speedup"] = rows[option]["images_per_s"] / base
-    return list(rows.values())
-
-
-#: What :func:`step_options_worker` sets to hide a CPU's bfloat16 instructions from oneDNN (the
-#: library behind PyTorch's CPU convolutions and matrix multiplies): AVX-512 with VNNI, without
-#: AVX512_BF16 or AMX, as on most CPUs before 2020.
-WITHOUT_BF16_ISA = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}
-
-
-def step_options_worker(rank: int, world_size: int, model_name: str, amp_step: Callable[..., Any],
-                        kwargs: dict[str, Any]) -> list[dict[str, Any]]:
-    """:func:`compare_step_options` in a worker of :func:`multigpu.running.launch.run` (``backend=None``),
-    so that it can run under another environment, e.g. :data:`WITHOUT_BF16_ISA`."""
-    return compare_step_options(model_name, amp_step, **kwargs)
-
-
-def format_step_options(rows: Sequence[dict[str, Any]]) -> str:
-    """The rows of :func:`compare_step_options` as a table."""
-    lines = [f"{'option':<34} {'images/s':>9} {'x float32':>10} {'first step':>11}"]
-    for r in rows:
-        if r["error"]:
-            lines.append(f"{r['option']:<34} failed: {r['error']}")
-        else:
-            lines.append(f"{r['option']:<34} {r['images_per_s']:>9,.0f} {r['speedup'] or 0:>9.2f}x {r['first_step_s']:>10.2f}s")
-    return "\n".join(lines)
