@@ -5,6 +5,7 @@ submits the blank learner copies gets zero on every exercise, and grading them d
 The assessment is graded as ``make autograde`` does it: nbgrader with the official-grading flag,
 then the sandboxed official grading of each train.py, whose result replaces the notebook's
 points. The blank student's notebook carries an added cell that fakes the grader in its kernel.
+The reference's official grading is then regraded from the copy it kept (``multigpu regrade``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from conftest import REPO
 
 SOLUTION, BLANK = "solution-student", "blank-student"
 
-# the module's fixture autogrades every lab notebook and runs two official gradings (about 19
-# minutes on 2 cores, measured 2026-11-23): more than the suite's default per-test timeout
+# the module's fixture autogrades every lab notebook for two students and runs two official
+# gradings (about 11 minutes on the quiet 2-core machine, docs/performance.md): on a busy machine,
+# more than the suite's default per-test timeout
 pytestmark = pytest.mark.timeout(3600)
 
 #: What a learner could add to the assessment notebook: a cell that fakes a passing grader in
@@ -94,6 +96,7 @@ def graded_course(tmp_path_factory):
         step("official grading of both train.py")
         logs["assessments"] += "\n".join(g.result.report() for g in graded)
         logs["official"] = {g.student: g.result for g in graded}
+        logs["official_results"] = {g.student: g.path for g in graded}
     return course, assignments, logs
 
 
@@ -172,9 +175,10 @@ def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_co
     assert auto_scores(course, "assessments", BLANK) == 10, "the fake grader cell did not run: the test proves nothing"
     # ... and the official grading of the unconverted train.py replaced those points
     assert scores(course, "assessments", BLANK)["assessment"][0] == 0, logs["assessments"][-3000:]
-    # the unconverted starter (4 copies that all save as rank 0) was stopped early (or crashed on
-    # their shared file names), not run for most of the time budget (about 260 s of 300 before;
-    # its first checkpoint appears after about 85 s on 2 cores)
+    # the unconverted starter (4 copies that all save as rank 0) was stopped early by the grader's
+    # rule (rank 0's first checkpoint a grace period old and no other rank's beside it) or crashed on
+    # their shared file names, not run for most of the time budget (about 260 s of 300 without the
+    # rule). The rule's clock is that first checkpoint's own time, so this holds on a busy machine.
     blank = logs["official"][BLANK]
     assert (course / "grading/submitted" / BLANK / "assessments" / "train.py").read_text() == \
         variants.SOURCES["unconverted"].read_text(), "the blank student no longer submits the unconverted starter"
@@ -183,7 +187,9 @@ def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_co
     # never imported Horovod: told to call hvd.init(), not that it has Lab 3's rank-0-only habit
     assert "no checkpoint from rank" in workers.message and "hvd.init()" in workers.message, workers.message
     assert "Lab 3" not in workers.message, workers.message
-    assert blank.measurements["run_s"] < 0.5 * rules.QUICK.time_budget_s, blank.criteria["workers"].message
+    assert "stopped early" in workers.message or "exit code" in workers.message, workers.message
+    assert "time budget" not in workers.message, workers.message
+    assert blank.measurements["run_s"] < rules.QUICK.time_budget_s, workers.message
     # and no baseline was measured after it: a run stopped early has no throughput to compare
     assert len(blank.measurements["baselines"]) == (rules.QUICK.baseline_repeats + 1) // 2, blank.measurements
     assert (course / "grading/autograded" / BLANK / "assessments" / "grading-result.json").exists()
@@ -213,3 +219,33 @@ def test_the_reference_passes_the_official_grading_and_its_result_certifies(grad
     verified = certificates.verify(cert, public)
     assert verified.record["assessment"]["score"] == result.score == 10
     assert verified.record["assessment"]["efficiency"] == m["efficiency"]
+
+
+@pytest.mark.slow
+def test_regrade_reproduces_the_verdict_of_the_references_stored_result(graded_course, tmp_path):
+    """The audit trail, for real: the official grading of the reference above keeps its source, hash,
+    grader version, profile and measurements, and ``multigpu regrade`` reproduces its verdict."""
+    from multigpu.grading import audit, grader, official, regrade, rules
+
+    course, assignments, logs = graded_course
+    assert "assessments" in assignments, "the course has no assessment notebook"
+    grading = tmp_path / "grading"  # a copy: the other tests read the course as it was graded
+    shutil.copytree(course / "grading", grading)
+    path = grading / logs["official_results"][SOLUTION].relative_to(course / "grading")
+    stored = json.loads(path.read_text())
+    assert stored["passed"] and not stored["review"]["held"] and stored["review"]["flags"] == [], stored
+    assert stored["source_sha256"] == audit.sha256(grader.REFERENCE.read_bytes())
+    assert (path.parent / stored["source_file"]).read_bytes() == grader.REFERENCE.read_bytes()
+    assert stored["grader_version"] == audit.grader_version() and stored["settings"] == rules.QUICK.to_dict()
+    assert {"accuracy_held", "efficiency", "baselines", "run_s", "horovod_gradient_rounds_per_epoch"} \
+        <= set(stored["measurements"])
+    submitted = grading / "submitted" / SOLUTION / official.ASSIGNMENT / "train.py"
+    submitted.write_text("print('the submission changed after grading')\n")  # the kept copy is what counts
+    again = regrade.regrade(path, log=print)
+    print(again.report())
+    assert again.result.source_sha256 == stored["source_sha256"]
+    if again.noisy:  # seen beside other test suites: baselines 65.7, 43.7, 116.5 images/s, none within 25%
+        assert "NOT REPRODUCED" in again.report() and not again.result.ok("throughput"), again.report()
+        assert all(again.result.ok(c) for c in again.result.criteria if c != "throughput"), again.report()
+    else:
+        assert again.holds and "the verdict HOLDS" in again.report() and again.result.passed, again.report()
