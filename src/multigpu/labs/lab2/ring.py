@@ -18,10 +18,11 @@ bytes whatever N is, against ``2(N-1) * B`` through the central node of a parame
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import torch
@@ -173,59 +174,69 @@ def _check_worker(
     """Per rank: for each N in ``workers``, ranks 0..N-1 run ``fn`` on each size while the
     others wait. During a phase ``dist.get_world_size()`` (and ``$WORLD_SIZE``) say N, sends
     are counted, and collectives raise. One start-up of the processes serves every N."""
-    import os
-
     counted: dict[str, Any] = {"bytes": 0, "messages": 0, "to": set()}
-    real = {name: getattr(dist, name) for name in ("send", "isend", "get_world_size")}
     real_barrier = dist.barrier
-
-    def count(tensor, dst, kwargs) -> None:
-        counted["bytes"] += tensor.numel() * tensor.element_size()
-        counted["messages"] += 1
-        counted["to"].add(dst if dst is not None else kwargs.get("group_dst"))
-
-    def send(tensor, dst=None, *args, **kwargs):
-        count(tensor, dst, kwargs)
-        return real["send"](tensor, dst, *args, **kwargs)
-
-    def isend(tensor, dst=None, *args, **kwargs):
-        count(tensor, dst, kwargs)
-        return real["isend"](tensor, dst, *args, **kwargs)
-
-    def forbidden(name: str):
-        def call(*args, **kwargs):
-            raise RuntimeError(
-                f"dist.{name} was called: a ring all-reduce from scratch may only use "
-                "dist.send / dist.recv / dist.isend / dist.irecv between neighbours"
-            )
-
-        return call
-
-    saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
-    env_world = os.environ.get("WORLD_SIZE")
     out: dict[int, list[dict[str, Any]]] = {}
     for n in workers:
         if n > world_size:
             raise ValueError(f"cannot check {n} workers in a job of {world_size}")
         real_barrier()
         if rank < n:
-            dist.send, dist.isend = send, isend
-            dist.get_world_size = lambda group=None, n=n: n  # type: ignore[misc]
-            os.environ["WORLD_SIZE"] = str(n)
-            if forbid:
-                for name in saved:
-                    setattr(dist, name, forbidden(name))
-            try:
+            with _phase_of(n, counted, forbid):
                 out[n] = _check_phase(rank, n, fn, sizes, seed, counted)
-            finally:
-                for name, f in real.items():
-                    setattr(dist, name, f)
-                for name, f in saved.items():
-                    setattr(dist, name, f)
-                if env_world is not None:
-                    os.environ["WORLD_SIZE"] = env_world
         real_barrier()
     return out
+
+
+@contextlib.contextmanager
+def _phase_of(n: int, counted: dict[str, Any], forbid: bool) -> Iterator[None]:
+    """While a phase of ``n`` workers runs: ``dist.get_world_size()`` and ``$WORLD_SIZE`` say
+    ``n``, ``dist.send`` and ``dist.isend`` add to ``counted``, and (with ``forbid``) every
+    collective raises; ``dist`` is as it was afterwards (``$WORLD_SIZE`` too, where it was set)."""
+    import os
+
+    real = {name: getattr(dist, name) for name in ("send", "isend", "get_world_size")}
+    saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+    env_world = os.environ.get("WORLD_SIZE")
+    dist.send, dist.isend = _counting(real["send"], counted), _counting(real["isend"], counted)
+    dist.get_world_size = lambda group=None, n=n: n  # type: ignore[misc]
+    os.environ["WORLD_SIZE"] = str(n)
+    if forbid:
+        for name in saved:
+            setattr(dist, name, _forbidden(name))
+    try:
+        yield
+    finally:
+        for name, f in real.items():
+            setattr(dist, name, f)
+        for name, f in saved.items():
+            setattr(dist, name, f)
+        if env_world is not None:
+            os.environ["WORLD_SIZE"] = env_world
+
+
+def _counting(send: Callable[..., Any], counted: dict[str, Any]) -> Callable[..., Any]:
+    """``send`` (``dist.send`` or ``dist.isend``), each call's bytes, message and destination added to ``counted``."""
+
+    def counting_send(tensor, dst=None, *args, **kwargs):
+        counted["bytes"] += tensor.numel() * tensor.element_size()
+        counted["messages"] += 1
+        counted["to"].add(dst if dst is not None else kwargs.get("group_dst"))
+        return send(tensor, dst, *args, **kwargs)
+
+    return counting_send
+
+
+def _forbidden(name: str) -> Callable[..., Any]:
+    """A stand-in for the collective ``dist.<name>`` that raises."""
+
+    def call(*args, **kwargs):
+        raise RuntimeError(
+            f"dist.{name} was called: a ring all-reduce from scratch may only use "
+            "dist.send / dist.recv / dist.isend / dist.irecv between neighbours"
+        )
+
+    return call
 
 
 def _summary(n: int, rows: list[dict[str, Any]], sizes: Sequence[int]) -> dict[str, Any]:
