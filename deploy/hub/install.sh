@@ -11,6 +11,14 @@ set -euo pipefail
 
 CHP_VERSION=5.3.0
 JUPYTERHUB_VERSION=5.3.0
+# nbgrader's exchange behind the hub's login, as on Kubernetes (deploy/kubernetes/ngshare.yaml):
+# installed here so `make test-hub` runs it against a real hub (tests/test_workshop_k8s.py).
+# ngshare gets its own environment with SQLAlchemy 1.4: it adds rows the SQLAlchemy 1 way, which
+# SQLAlchemy 2 (the course's) silently ignores (no release or submission would be kept).
+NGSHARE_VERSION=0.6.0
+NGSHARE_EXCHANGE_VERSION=0.5.3
+NGSHARE_SQLALCHEMY_VERSION=1.4.54
+ngshare_prefix=${MULTIGPU_NGSHARE_PREFIX:-/opt/multigpu-ngshare}
 course=$(cd "$(dirname "$0")/../.." && pwd)
 prefix=${MULTIGPU_HUB_PREFIX:-/opt/multigpu-hub}
 python=${MULTIGPU_HUB_PYTHON:-/usr/bin/python3.11}
@@ -53,6 +61,21 @@ if [ "$(cat "$prefix/.hub-ready" 2>/dev/null)" != "$want" ]; then
   pip "jupyterhub==$JUPYTERHUB_VERSION"
   "$course/tools/install_horovod.sh" "$prefix/bin/python"
   echo "$want" > "$prefix/.hub-ready"
+fi
+if [ "$(cat "$prefix/.ngshare-ready" 2>/dev/null)" != "ngshare_exchange==$NGSHARE_EXCHANGE_VERSION" ]; then
+  say "installing ngshare_exchange $NGSHARE_EXCHANGE_VERSION into $prefix"
+  # it declares jupyter-core<4.11.2, which jupyter_server (>=4.12) rules out; it runs on the
+  # course's jupyter-core, and nbgrader brings what else it needs
+  pip --no-deps "ngshare_exchange==$NGSHARE_EXCHANGE_VERSION"
+  echo "ngshare_exchange==$NGSHARE_EXCHANGE_VERSION" > "$prefix/.ngshare-ready"
+fi
+ngshare_want="ngshare==$NGSHARE_VERSION SQLAlchemy==$NGSHARE_SQLALCHEMY_VERSION jupyterhub==$JUPYTERHUB_VERSION"
+if [ "$(cat "$ngshare_prefix/.ready" 2>/dev/null)" != "$ngshare_want" ]; then
+  say "installing $ngshare_want into $ngshare_prefix"
+  [ -x "$ngshare_prefix/bin/python" ] || "$python" -m venv "$ngshare_prefix"
+  # shellcheck disable=SC2086
+  "$ngshare_prefix/bin/python" -m pip install --quiet --disable-pip-version-check $ngshare_want
+  echo "$ngshare_want" > "$ngshare_prefix/.ready"
 fi
 chmod -R a+rX "$prefix"
 say "ready: $prefix ($("$prefix/bin/jupyterhub" --version)), configurable-http-proxy $(configurable-http-proxy --version)"

@@ -9,6 +9,9 @@
     multigpu workshop queue                       the grading queue, as the instructor sees it
     multigpu workshop stop                        after the workshop: the proxy and every learner server
     multigpu workshop grade-job ID                one grading (the grading service runs it)
+    multigpu workshop measure-labs [NOTEBOOK...] [--json FILE]
+                                                  CPU time, wall time, peak cores and memory of each
+                                                  lab notebook at its default parameters (sizing a box)
 
 Everything lives under ``$MULTIGPU_HUB_ROOT`` (default /srv/multigpu); run as root.
 """
@@ -160,6 +163,13 @@ def cmd_grade_job(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_measure(args: argparse.Namespace) -> int:
+    from multigpu.workshop import roomsize
+
+    labs = course_layout.course_root() / course_layout.SOLUTIONS / course_layout.LABS
+    return roomsize.main(args.notebooks or sorted(labs.glob("*.ipynb")), quick=args.quick, out=args.json)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="multigpu workshop", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -185,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("grade-job", help="grade one job of the queue (the grading service runs this)")
     p.add_argument("id", type=int)
     p.set_defaults(func=cmd_grade_job)
+    p = sub.add_parser("measure-labs", help="what each lab notebook uses at its default parameters (root: cgroups)")
+    p.add_argument("notebooks", nargs="*", type=Path, help="default: every lab notebook of solutions/")
+    p.add_argument("--quick", action="store_true", help="the quick parameters instead (MULTIGPU_QUICK=1)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    p.set_defaults(func=cmd_measure)
     args = parser.parse_args(argv)
     if args.func is cmd_add and (args.count is None) == (args.csv is None):
         parser.error("give a number of learners or --csv FILE (one of the two)")
