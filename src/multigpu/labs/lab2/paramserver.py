@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -115,17 +115,10 @@ def ps_worker(
     ``active`` (default ``world_size``): only ranks below it train (the others must not call).
     """
     world_size = active or world_size
-    from multigpu.core.models import build_model
-
     cfg = {**DEFAULTS, **(config or {})}
     device = _device()
-    torch.manual_seed(cfg["seed"])
-    model = build_model(cfg["model"], num_classes=cfg["num_classes"]).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
-    g = torch.Generator().manual_seed(cfg["seed"] + 1 + rank)
-    bs, size = cfg["batch_size"], cfg["image_size"]
-    x = torch.randn(bs, 3, size, size, generator=g).to(device)
-    y = torch.randint(0, cfg["num_classes"], (bs,), generator=g).to(device)
+    model, optimizer, x, y = _model_and_batch(cfg, rank, device)
+    bs = cfg["batch_size"]
     params = list(model.parameters())
     compute, comm, moved = [], [], {"sent": 0, "received": 0}
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
@@ -135,19 +128,10 @@ def ps_worker(
         if step == cfg["warmup"]:
             sync()
             t_start = time.perf_counter()
-        t0 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=False)
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        sync()
-        t1 = time.perf_counter()
-        moved = ps_average_gradients(params, world_size)
-        sync()
-        t2 = time.perf_counter()
-        optimizer.step()
+        loss, moved, compute_s, comm_s = _timed_step(model, optimizer, x, y, params, world_size, sync)
         if step >= cfg["warmup"]:
-            compute.append(t1 - t0)
-            comm.append(t2 - t1)
+            compute.append(compute_s)
+            comm.append(comm_s)
     sync()
     elapsed = time.perf_counter() - t_start
     with torch.no_grad():
@@ -165,6 +149,39 @@ def ps_worker(
         "loss": float(loss.detach()),
         "checksum": checksum,
     }
+
+
+def _model_and_batch(cfg: dict[str, Any], rank: int,
+                     device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+    """The model (seed ``cfg["seed"]``: the same on every rank), its SGD optimizer, and this
+    rank's own random batch, on ``device``."""
+    from multigpu.core.models import build_model
+
+    torch.manual_seed(cfg["seed"])
+    model = build_model(cfg["model"], num_classes=cfg["num_classes"]).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
+    g = torch.Generator().manual_seed(cfg["seed"] + 1 + rank)
+    bs, size = cfg["batch_size"], cfg["image_size"]
+    x = torch.randn(bs, 3, size, size, generator=g).to(device)
+    y = torch.randint(0, cfg["num_classes"], (bs,), generator=g).to(device)
+    return model, optimizer, x, y
+
+
+def _timed_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                params: list[nn.Parameter], world_size: int, sync: Callable[[], Any]) -> tuple[torch.Tensor, dict[str, int], float, float]:
+    """One step, gradients averaged through the parameter server: the loss, the bytes moved, and
+    the seconds of compute and of communication."""
+    t0 = time.perf_counter()
+    optimizer.zero_grad(set_to_none=False)
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    sync()
+    t1 = time.perf_counter()
+    moved = ps_average_gradients(params, world_size)
+    sync()
+    t2 = time.perf_counter()
+    optimizer.step()
+    return loss, moved, t1 - t0, t2 - t1
 
 
 def summarize(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
