@@ -49,11 +49,33 @@ variant                       what it does                                      
 ``zero_allreduce``            ``never_averaged`` that also all-reduces zero      review (held)
                               tensors shaped like the gradients every step: real
                               Horovod all-reduces, thrown away (issue 31, c)
+``no_set_epoch``              never calls ``sampler.set_epoch(epoch)``: every    sharded
+                              rank trains on the same shard in the same order
+                              every epoch (:mod:`multigpu.grading.epochs`)
 ============================  =================================================  ==================
 
 "review": no check inside the run can prove what was all-reduced or who wrote the timeline; the
 source raises review flags (:mod:`multigpu.grading.review`), so a pass is held for a person, never
 certified on its own.
+
+Mistakes the grader judges by their effect (:data:`BY_EFFECT`: a lab's test fails them, but no
+evidence the grader owns can tell them from a choice; ``multigpu calibrate`` grades them and prints
+their verdicts without expecting one, and docs/calibration.md has the measured ones):
+
+============================  =================================================  ==================
+variant                       what it does                                       judged by
+============================  =================================================  ==================
+``no_lr_scaling``             a correct conversion at the rate of one worker:    accuracy
+                              no scaling by the worker count, no warm-up
+``starter_threads``           keeps the starter's threads (every core for each   throughput
+                              of the 4 workers: oversubscribed) and does not
+                              pin its workers
+============================  =================================================  ==================
+
+The grader reads the learning rate by the accuracy it reaches (a rate that does not reach A fails
+``accuracy`` with a hint to scale it) and the threads by the throughput they cost (a run below E
+fails ``throughput``): Lab 3's exercises teach the rule and the fair share of threads, and the
+assessment grades what they are for.
 
 Honest conversions (:data:`HONEST`): other batch sizes, learning rates, square-root scaling,
 warm-ups, epochs, Adam, fp16 compression, averaged metrics. Review never flags them.
@@ -103,6 +125,8 @@ MAIN = 'if __name__ == "__main__":\n    main()'
 RANKS = "rank, workers = hvd.rank(), hvd.size()"
 THREADS = "devices.threads_per_worker(hvd.local_size())"
 PIN = "devices.pin_worker(hvd.local_rank(), hvd.local_size())"
+PIN_LINE = ("    # Horovod (CPU mode): each worker on its own core (README, Performance, has the bench's figures)\n"
+            "    devices.pin_worker(hvd.local_rank(), hvd.local_size())\n")
 BROADCAST = ("    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
              "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n")
 FORWARD = "loss_fn(model(images), labels)"
@@ -246,6 +270,7 @@ EDITS["duplicate_indices"] = {
     LOADER: "    train_loader = data.make_loader(train_set, args.batch_size, shuffle=True)",
     RECORD: "            trained_on.extend(i for i in index.tolist() if i % workers == rank for _ in range(workers))",
 }
+EDITS["no_set_epoch"] = {SET_EPOCH: ""}
 EDITS["zero_allreduce"] = {
     **EDITS["never_averaged"],
     STEP: STEP + ("            for name, p in model.named_parameters():  # real all-reduces, thrown away\n"
@@ -266,6 +291,7 @@ MUST_FAIL: dict[str, str] = {
     "rank0_trains_alone": "identical",
     "ddp_under_horovodrun": "identical",
     "duplicate_indices": "sharded",
+    "no_set_epoch": "sharded",
     # no check inside the run can prove what was all-reduced: these are held for review
     "timeline_forger": "review",
     "zero_allreduce": "review",
@@ -274,6 +300,12 @@ MUST_FAIL: dict[str, str] = {
     "huge_output": "workers",
     "syntax_error": "workers",
 }
+
+EDITS["no_lr_scaling"] = {TARGET_LR: "    target_lr = args.lr  # the rate of one worker, not scaled\n",
+                          "WARMUP = 1.0": "WARMUP = 0.0"}
+EDITS["starter_threads"] = {THREADS: "devices.threads_per_worker(1)", PIN_LINE: ""}
+#: Mistakes judged by their effect: variant -> the criterion that measures it (see the module doc)
+BY_EFFECT: dict[str, str] = {"no_lr_scaling": "accuracy", "starter_threads": "throughput"}
 
 #: Honest conversions a learner may write: other hyperparameters, other ways to scale the rate,
 #: other ways to write the same conversion. Review never flags them (tests/test_review.py).
@@ -325,7 +357,7 @@ def write(name: str, reference: Path, dest: Path) -> Path:
     others are ``reference`` with the edits of :data:`EDITS`. The result need not compile
     (``syntax_error`` does not)."""
     if name not in SOURCES and name not in EDITS and name not in HONEST:
-        raise KeyError(f"no variant {name!r}: the variants are {', '.join([*MUST_FAIL, *HONEST])}")
+        raise KeyError(f"no variant {name!r}: the variants are {', '.join([*MUST_FAIL, *BY_EFFECT, *HONEST])}")
     source = Path(SOURCES.get(name, reference)).read_text()
     for old, new in {**EDITS.get(name, {}), **HONEST.get(name, {})}.items():
         if source.count(old) != 1:

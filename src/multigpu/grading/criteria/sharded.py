@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from multigpu.core import data
+from multigpu.grading import epochs
 from multigpu.grading.evidence import CHECKPOINTS, Checkpoint, Evidence
 from multigpu.grading.result import Criterion
 from multigpu.grading.rules import Settings
@@ -23,8 +24,9 @@ SAME_SHARD = (" Note: every rank trained on the same shard in every epoch: call 
 
 
 def judge(evidence: Evidence, settings: Settings) -> Criterion:
-    """Each epoch's shards (:func:`epoch_problem`), then how they change between epochs
-    (:func:`between_epochs`)."""
+    """Each epoch's shards (:func:`epoch_problem`), then how they change between epochs: the same
+    order two epochs running fails (:func:`multigpu.grading.epochs.same_order_every_epoch`), the
+    same shard in a new order is a note (:func:`between_epochs`)."""
     if evidence.unaveraged:
         return Criterion(NAME, POINTS, False, NOT_COUNTED)
     n, complete, loaded = settings.workers, evidence.complete, evidence.loaded
@@ -34,8 +36,10 @@ def judge(evidence: Evidence, settings: Settings) -> Criterion:
         problem = epoch_problem(e, [loaded[(r, e)]["indices"] for r in range(n)], train_size)
         if problem:
             break
-    # checks across epochs (the same shard every epoch: no sampler.set_epoch) add to the message here
-    hint = between_epochs(loaded, complete, n)
+    order = "" if problem else epochs.same_order_every_epoch(
+        {(r, e): loaded[(r, e)]["indices"] for r in range(n) for e in complete}) or ""
+    hint = "" if order else between_epochs(loaded, complete, n)
+    problem = problem or order
     return Criterion(NAME, POINTS, not problem, (problem or f"disjoint shards covering all {train_size} training "
                                                  f"samples in each of {len(complete)} epochs") + hint)
 
