@@ -10,6 +10,8 @@ from the ones above it in this list (docs/architecture.md; tests/test_imports.py
                        rule: linear scaling with warm-up), ``meters``, ``notebook`` (quick
                        mode, progress bars), ``layout`` (where the course's folders are)
 ``running``            ``launch`` (every child process: bounded in time, clear errors),
+                       ``supervisor`` (the one watcher of child processes), ``environment``
+                       (a worker's environment, the Horovod settings),
                        ``hvdtools`` (Horovod jobs, an all-reduce timer, the learner's script
                        composed and run), ``run_records`` (the scripts' per-rank records,
                        scaling tables), ``timeline`` (Horovod's timeline),
@@ -17,7 +19,9 @@ from the ones above it in this list (docs/architecture.md; tests/test_imports.py
 ``labs.lab1``          Lab 1 (GD vs SGD): ``toy``, ``gradient_noise``, ``batching``,
                        ``large_batch`` (LARS), ``scaling_rule`` (the rule's experiment)
 ``labs.lab2``          Lab 2 and 2b: ``profiling`` (where one device's time goes),
-                       ``paramserver`` (naive data parallelism), ``ring``, ``scaling_model``
+                       ``step_options`` (one device's step made faster), ``paramserver``
+                       (naive data parallelism), ``ring``, ``scaling_model`` (its tables in
+                       ``scaling_model_data``)
 ``labs.lab3``          Lab 3 (Horovod): ``record_checks`` (facts of a correct run)
 ``labs.lab4``          Lab 4 (beyond a box): ``links`` (an emulated network link),
                        ``multinode``, ``elastic`` (a worker killed mid-epoch), ``costs``
