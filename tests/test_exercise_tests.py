@@ -30,7 +30,7 @@ CONTEXT = {
         import numpy as np
         import torch
 
-        from multigpu import gradient_noise, toy
+        from multigpu.labs.lab1 import gradient_noise, toy
 
         problem = toy.make_problem(2000, seed=0)
         x, y = problem.x, problem.y
@@ -39,7 +39,8 @@ CONTEXT = {
     "02-alexnet-pipeline": """
         import torch
 
-        from multigpu import data, devices, models, profiling
+        from multigpu.core import data, devices, models
+        from multigpu.labs.lab2 import profiling
 
         info = devices.detect()
         device = devices.worker_device(0, info)
@@ -54,7 +55,7 @@ CONTEXT = {
         import torch
         import torch.distributed as dist
 
-        from multigpu import ring
+        from multigpu.labs.lab2 import ring
 
         CHECK_SIZES = (1, 7, 1001, 4099)
     """,
@@ -66,7 +67,7 @@ CONTEXT = {
         import torch
         from torch.utils.data import DistributedSampler
 
-        from multigpu import data, devices, models, training
+        from multigpu.core import data, devices, models, training
 
         info = devices.detect()
         WORK = Path("runs/lab3").resolve()
@@ -79,7 +80,9 @@ CONTEXT = {
         import horovod.torch as hvd
         import torch
 
-        from multigpu import costs, data, models, scaling_model
+        from multigpu.core import data, models
+        from multigpu.labs.lab2 import scaling_model
+        from multigpu.labs.lab4 import costs
 
         hvd.init()
 
@@ -418,6 +421,65 @@ WRONG = [
                 plans.append((n * spot * expected_spot_hours(hours, interruptions_per_hour, checkpoint_every), n, "spot"))
             return min(plans)[1:]  # the deadline forgotten
      """, "return None when no option finishes in time"),
+    ("03-horovod", "ex10-syncbn", "test-ex10-syncbn", """
+        from multigpu.labs.lab3 import syncbn
+
+        def to_sync_batchnorm(module):
+            for name, child in module.named_children():  # the top level only
+                if isinstance(child, torch.nn.BatchNorm2d):
+                    sync = syncbn.SyncBatchNorm(child.num_features)
+                    sync.load_state_dict(child.state_dict())
+                    setattr(module, name, sync)
+            return module
+     """, "replace the BatchNorms inside nested blocks too"),
+    ("03-horovod", "ex10-syncbn", "test-ex10-syncbn", """
+        from multigpu.labs.lab3 import syncbn
+
+        def to_sync_batchnorm(module):
+            for name, child in module.named_children():
+                if isinstance(child, torch.nn.BatchNorm2d):
+                    setattr(module, name, syncbn.SyncBatchNorm(child.num_features))  # a fresh layer: state lost
+                else:
+                    to_sync_batchnorm(child)
+            return module
+     """, "copy each BatchNorm's weights and running statistics"),
+    ("03-horovod", "ex10-syncbn", "test-ex10-syncbn", """
+        from multigpu.labs.lab3 import syncbn
+
+        def to_sync_batchnorm(module):
+            for name, child in module.named_children():
+                if isinstance(child, torch.nn.BatchNorm2d):
+                    sync = hvd.SyncBatchNorm(child.num_features)  # Horovod's own: GPU tensors only
+                    sync.load_state_dict(child.state_dict())
+                    setattr(module, name, sync)
+                else:
+                    to_sync_batchnorm(child)
+            return module
+     """, "replace each BatchNorm by a syncbn.SyncBatchNorm"),
+    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree", """
+        BYTES_PER_PARAMETER = 2  # the fp16 weights only
+
+        def model_parallel_degree(parameters, bytes_per_parameter, memory_bytes, activation_bytes=0):
+            k = 1
+            while parameters * bytes_per_parameter / k + activation_bytes > memory_bytes:
+                k *= 2
+            return k
+     """, "count what mixed-precision Adam keeps per parameter, not only the fp16 weights"),
+    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree", """
+        BYTES_PER_PARAMETER = 16
+
+        def model_parallel_degree(parameters, bytes_per_parameter, memory_bytes, activation_bytes=0):
+            return math.ceil(parameters * bytes_per_parameter / (memory_bytes - activation_bytes))  # 5 GPUs
+     """, "round up to a power of two"),
+    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree", """
+        BYTES_PER_PARAMETER = 16
+
+        def model_parallel_degree(parameters, bytes_per_parameter, memory_bytes, activation_bytes=0):
+            k = 1
+            while parameters * bytes_per_parameter / k > memory_bytes:  # the activations forgotten
+                k *= 2
+            return k
+     """, "fit each GPU's share plus activation_bytes"),
 ]
 
 

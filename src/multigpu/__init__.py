@@ -22,9 +22,11 @@ from the ones above it in this list (docs/architecture.md; tests/test_imports.py
                        ``step_options`` (one device's step made faster), ``paramserver``
                        (naive data parallelism), ``ring``, ``scaling_model`` (its tables in
                        ``scaling_model_data``)
-``labs.lab3``          Lab 3 (Horovod): ``record_checks`` (facts of a correct run)
+``labs.lab3``          Lab 3 (Horovod): ``record_checks`` (facts of a correct run), ``syncbn``
+                       (BatchNorm over the global batch, plain against synchronised)
 ``labs.lab4``          Lab 4 (beyond a box): ``links`` (an emulated network link),
-                       ``multinode``, ``elastic`` (a worker killed mid-epoch), ``costs``
+                       ``multinode``, ``elastic`` (a worker killed mid-epoch), ``costs``,
+                       ``parallelism`` (a 2-stage pipeline against data parallelism)
 ``figures``            ``plots``, ``reference`` (the reference run's figures, shipped in
                        ``reference_runs/``, printed beside the learner's own)
 ``grading``            the assessment: rules, the sandboxed runner, the grader (a pipeline of
