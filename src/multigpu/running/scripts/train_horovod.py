@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import horovod.torch as hvd  # Horovod: the PyTorch binding
 import torch
@@ -141,14 +142,9 @@ def _accept_set_to_none(optimizer) -> None:
         optimizer.zero_grad = lambda set_to_none=True: zero_grad()
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    rank, size, local_rank = init_horovod()  # Horovod: step 1
-    device = worker_device(local_rank, hvd.local_size(), args.threads)  # Horovod: step 2
-    devices.pin_worker(local_rank, hvd.local_size())  # Horovod: CPU mode: each worker on its own core
-    torch.manual_seed(args.seed + rank)  # Horovod: each rank its own augmentation and dropout
-
-    train_set, val_set = common.datasets(args, rank)
+def loaders(args: argparse.Namespace, train_set, val_set, rank: int) -> tuple[Any, Any, Any]:
+    """The training loader with its sampler (step 3; without one, ``--without sampler``: every rank
+    shuffles the whole set), and the validation loader (None without a validation set)."""
     if "sampler" in args.without:
         train_loader = data.make_loader(train_set, args.batch_size, shuffle=True, seed=args.seed + rank)
         sampler = None
@@ -157,6 +153,18 @@ def main(argv: list[str] | None = None) -> dict:
     val_loader = None
     if val_set is not None:  # every rank evaluates the whole (small) validation set
         val_loader = data.make_loader(val_set, 256)
+    return train_loader, sampler, val_loader
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    rank, size, local_rank = init_horovod()  # Horovod: step 1
+    device = worker_device(local_rank, hvd.local_size(), args.threads)  # Horovod: step 2
+    devices.pin_worker(local_rank, hvd.local_size())  # Horovod: CPU mode: each worker on its own core
+    torch.manual_seed(args.seed + rank)  # Horovod: each rank its own augmentation and dropout
+
+    train_set, val_set = common.datasets(args, rank)
+    train_loader, sampler, val_loader = loaders(args, train_set, val_set, rank)  # Horovod: step 3
 
     model = models.build_model(args.model, num_classes=len(train_set.classes)).to(device)
     optimizer = training.make_optimizer(model, args.base_lr)
