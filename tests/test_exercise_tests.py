@@ -227,6 +227,73 @@ WRONG = [
             r = torch.where((w > 0) & (d > 0), eta * w / d.clamp_min(1e-30), torch.ones_like(w))
             return float(r.mean())
      """, "use the norm of the whole layer"),
+    ("01-gd-vs-sgd", "accumulate", "test_accumulate", """
+        def accumulate(model, loss_fn, inputs, targets, micro_batches):
+            model.zero_grad()
+            total = 0.0
+            for x, y in zip(torch.tensor_split(inputs, micro_batches), torch.tensor_split(targets, micro_batches)):
+                loss = loss_fn(model(x), y)  # a sum of mean losses, not their weighted mean
+                loss.backward()
+                total += loss.item()
+            return total / micro_batches
+     """, "scale each micro-batch's loss by its share of the batch"),
+    ("01-gd-vs-sgd", "accumulate", "test_accumulate", """
+        def accumulate(model, loss_fn, inputs, targets, micro_batches):
+            total = 0.0
+            for x, y in zip(torch.tensor_split(inputs, micro_batches), torch.tensor_split(targets, micro_batches)):
+                model.zero_grad()  # inside the loop: each micro-batch wipes the one before
+                loss = loss_fn(model(x), y) * len(x) / len(inputs)
+                loss.backward()
+                total += loss.item()
+            return total
+     """, "the gradient holds only the last micro-batch"),
+    ("01-gd-vs-sgd", "accumulate", "test_accumulate", """
+        def accumulate(model, loss_fn, inputs, targets, micro_batches):
+            model.zero_grad()
+            losses = [loss_fn(model(x), y) * len(x) / len(inputs)
+                      for x, y in zip(torch.tensor_split(inputs, micro_batches), torch.tensor_split(targets, micro_batches))]
+            losses[-1].backward()  # only the last micro-batch's gradient
+            return float(sum(loss.item() for loss in losses))
+     """, "the gradient holds only the last micro-batch"),
+    ("01-gd-vs-sgd", "accumulate", "test_accumulate", """
+        def accumulate(model, loss_fn, inputs, targets, micro_batches):
+            model.zero_grad()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            total = 0.0
+            for x, y in zip(torch.tensor_split(inputs, micro_batches), torch.tensor_split(targets, micro_batches)):
+                loss = loss_fn(model(x), y) * len(x) / len(inputs)
+                loss.backward()
+                optimizer.step()  # a step per micro-batch
+                total += loss.item()
+            return total
+     """, "do not change the weights"),
+    ("01-gd-vs-sgd", "accumulate", "test_accumulate", """
+        def accumulate(model, loss_fn, inputs, targets, micro_batches):
+            model.zero_grad()
+            total = 0.0
+            for x, y in zip(torch.tensor_split(inputs, micro_batches), torch.tensor_split(targets, micro_batches)):
+                loss = loss_fn(model(x), y) / micro_batches  # 1 / k also where the pieces differ in size
+                loss.backward()
+                total += loss.item()
+            return total
+     """, "the accumulated gradient must equal one batch's"),
+    ("01-gd-vs-sgd", "accumulate", "test_accumulate", """
+        def accumulate(model, loss_fn, inputs, targets, micro_batches):
+            total = 0.0  # .grad never cleared: the old gradient is added to
+            for x, y in zip(torch.tensor_split(inputs, micro_batches), torch.tensor_split(targets, micro_batches)):
+                loss = loss_fn(model(x), y) * len(x) / len(inputs)
+                loss.backward()
+                total += loss.item()
+            return total
+     """, "the accumulated gradient must equal one batch's"),
+    ("01-gd-vs-sgd", "accumulate", "test_accumulate", """
+        def accumulate(model, loss_fn, inputs, targets, micro_batches):
+            model.zero_grad()
+            loss = sum(loss_fn(model(x), y) * len(x) / len(inputs)  # one backward: every graph kept until then
+                       for x, y in zip(torch.tensor_split(inputs, micro_batches), torch.tensor_split(targets, micro_batches)))
+            loss.backward()
+            return loss.item()
+     """, "call backward on each micro-batch before the next one's forward"),
     ("02-alexnet-pipeline", "make_fast_loader", "test_fast_loader_keeps_up", """
         def make_fast_loader(dataset):
             return data.make_loader(dataset, batch_size=1, shuffle=True)  # keeps up with a CPU model, one image at a time

@@ -17,7 +17,9 @@ from the ones above it in this list (docs/architecture.md; tests/test_imports.py
                        scaling tables), ``timeline`` (Horovod's timeline),
                        ``scripts.train_horovod`` / ``train_ddp`` / ``train_elastic``
 ``labs.lab1``          Lab 1 (GD vs SGD): ``toy``, ``gradient_noise``, ``batching``,
-                       ``large_batch`` (LARS), ``scaling_rule`` (the rule's experiment)
+                       ``large_batch`` (LARS), ``scaling_rule`` (the rule's experiment),
+                       ``staleness`` (asynchronous SGD's stale gradients, stragglers),
+                       ``accumulation`` (gradient accumulation, activation memory)
 ``labs.lab2``          Lab 2 and 2b: ``profiling`` (where one device's time goes),
                        ``step_options`` (one device's step made faster), ``paramserver``
                        (naive data parallelism), ``ring``, ``scaling_model`` (its tables in

@@ -1,1 +1,1 @@
-"""Lab 1 (gradient descent vs SGD): toy, gradient_noise, batching, large_batch (LARS), scaling_rule (the linear-scaling experiment)."""
+"""Lab 1 (gradient descent vs SGD): toy, gradient_noise, batching, large_batch (LARS), scaling_rule (the linear-scaling experiment), staleness (asynchronous SGD's stale gradients, stragglers), accumulation (gradient accumulation, the bytes saved for backward)."""
