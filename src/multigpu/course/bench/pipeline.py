@@ -73,18 +73,7 @@ def bench_pipeline(plan: Plan, deadline: float) -> Section:
     decoded = [[dataset[i] for i in batch] for batch in batches]
     plain = data.val_transform(training.REFERENCE.image_size)
     stacked = [plain.stack([image for image, _ in batch]) for batch in decoded]
-    section.notes += [
-        f"`data.make_loader` defaults: batch size {loader.batch_size} (the reference), {workers} loader worker "
-        f"process(es); {len(paths)} images of the generated set per run after {warmup} warm-up batch.",
-        f"Bound: the same files read and decoded by Pillow in a tight loop in "
-        f"{f'{workers} processes' if workers else 'the main process'} (as many as the loader uses), no augmentation.",
-        "Batch step: the loader's `collate` (crop, flip, normalise into the float32 batch) on the same images "
-        "decoded beforehand; conversion: `val_transform`'s batch step (uint8 -> float32, normalise, nothing "
-        "random), what any loader that hands out normalised float32 images must do. The ceiling is the bound's "
-        "time per image over that time plus the conversion's; 'the rest per image' is the loader's time per "
-        "image less the bound's and the batch step's (the DataLoader's bookkeeping, the copy out of Pillow).",
-        "One untimed round of each first (page cache, start-up).",
-    ]
+    section.notes += _pipeline_notes(loader, len(paths), warmup)
 
     def per_image_us(step: Callable[[Any], Any], inputs: Sequence[Any]) -> float:
         t0 = time.perf_counter()
@@ -107,9 +96,32 @@ def bench_pipeline(plan: Plan, deadline: float) -> Section:
             rates[name].append(measure[name]())
             unit = "images/s" if name in ("loader", "bound") else "us"
             log.finished(f"{name}, repeat {r + 1}/{plan.pipeline_repeats}: {fmt(rates[name][-1], unit)}")
+    section.figures = _pipeline_figures(rates)
+    return section
+
+
+def _pipeline_notes(loader: Any, images: int, warmup: int) -> list[str]:
+    """What section 1 measures and how, as its notes say it."""
+    workers = loader.num_workers
+    return [
+        f"`data.make_loader` defaults: batch size {loader.batch_size} (the reference), {workers} loader worker "
+        f"process(es); {images} images of the generated set per run after {warmup} warm-up batch.",
+        f"Bound: the same files read and decoded by Pillow in a tight loop in "
+        f"{f'{workers} processes' if workers else 'the main process'} (as many as the loader uses), no augmentation.",
+        "Batch step: the loader's `collate` (crop, flip, normalise into the float32 batch) on the same images "
+        "decoded beforehand; conversion: `val_transform`'s batch step (uint8 -> float32, normalise, nothing "
+        "random), what any loader that hands out normalised float32 images must do. The ceiling is the bound's "
+        "time per image over that time plus the conversion's; 'the rest per image' is the loader's time per "
+        "image less the bound's and the batch step's (the DataLoader's bookkeeping, the copy out of Pillow).",
+        "One untimed round of each first (page cache, start-up).",
+    ]
+
+
+def _pipeline_figures(rates: dict[str, list[float]]) -> list[Figure]:
+    """Section 1's figures from its rates: the loader against its bound, and where the time per image goes."""
     loader_us = [1e6 / x for x in rates["loader"]]
     bound_us = [1e6 / x for x in rates["bound"]]
-    section.figures = [
+    return [
         Figure("read + decode + augment (default DataLoader)", "images/s", rates["loader"]),
         Figure("read + decode bound (Pillow alone)", "images/s", rates["bound"]),
         Figure("pipeline / bound", "ratio", [a / b for a, b in zip(rates["loader"], rates["bound"])], Target(">=", 0.9)),
@@ -122,6 +134,5 @@ def bench_pipeline(plan: Plan, deadline: float) -> Section:
                [b / (b + c) for b, c in zip(bound_us, rates["conversion"])],
                note="per repeat; what read + decode and the unavoidable conversion alone allow"),
     ]
-    return section
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from multigpu.core import devices
-from multigpu.course.bench.report import ALLREDUCE_WARMUP, Figure, Plan, Section, Target, fmt, interleave, paired, steps
+from multigpu.course.bench.report import ALLREDUCE_WARMUP, Figure, Plan, Section, Steps, Target, fmt, interleave, paired, steps
 
 # --------------------------------------------------------------------------- 2. scaling
 
@@ -49,10 +49,8 @@ def _gloo_allreduce_times(rank: int, world_size: int, numel: int, warmup: int, r
 
 def bench_scaling(plan: Plan, deadline: float) -> Section:
     """Section 2: Horovod vs DDP training throughput on 1..N workers, Horovod vs the raw all-reduce of its transport."""
-    import torch
-
     from multigpu.core import models
-    from multigpu.running import hvdtools, launch, run_records
+    from multigpu.running import hvdtools, launch
 
     section = Section("scaling", "Scaling: Horovod vs DDP training throughput, Horovod vs raw all-reduce")
     launchers = {"Horovod": ("horovodrun", hvdtools.REFERENCE_MODULE), "DDP": ("torchrun", hvdtools.DDP_MODULE)}
@@ -61,8 +59,32 @@ def bench_scaling(plan: Plan, deadline: float) -> Section:
     nbytes = models.gradient_bytes(models.build_model("alexnet_small"))
     raw = "MPI" if launch.horovod_controller() == "mpi" else "Gloo"
     libraries = ("Horovod", "MPI", "Gloo") if raw == "MPI" else ("Horovod", "Gloo")
-    numel = nbytes // torch.float32.itemsize
-    section.notes += [
+    section.notes += _scaling_notes(plan, args, info, nbytes, raw)
+    train_order = interleave([(label, n) for n in plan.scaling_workers for label in launchers], plan.scaling_repeats)
+    ar_order = interleave([(lib, n) for n in plan.allreduce_workers for lib in libraries],
+                          plan.allreduce_rounds)
+    with tempfile.TemporaryDirectory(prefix="multigpu-bench-") as tmp, \
+            steps("scaling", len(train_order) + len(ar_order)) as log:
+        rates = _training_rates(plan, train_order, launchers, args, Path(tmp), log)
+        op_times, round_medians = _allreduce_times(plan, ar_order, nbytes, log)
+    for n in plan.scaling_workers:
+        for label in launchers:
+            section.figures.append(Figure(f"{label}, {n} worker(s)", "images/s", rates[label, n]))
+    section.figures += _efficiencies(plan, launchers, info, rates)
+    for n in plan.allreduce_workers:
+        section.figures += [Figure(f"Horovod all-reduce, {n} workers", "ms", op_times["Horovod", n])]
+        section.figures += [Figure(f"raw {lib} all-reduce, {n} workers", "ms", op_times[lib, n]) for lib in libraries[1:]]
+        section.figures.append(Figure(f"Horovod / raw {raw} all-reduce time, {n} workers", "ratio",
+                                      paired(round_medians["Horovod", n], round_medians[raw, n]), Target("<=", 1.10),
+                                      note="the same transport; per job pair; lower is better"))
+    return section
+
+
+def _scaling_notes(plan: Plan, args: Sequence[str], info: devices.MachineInfo, nbytes: int, raw: str) -> list[str]:
+    """What section 2 measures and how, as its notes say it."""
+    from multigpu.running import hvdtools
+
+    return [
         f"Training: `{hvdtools.REFERENCE_MODULE}` under horovodrun and `{hvdtools.DDP_MODULE}` under torchrun, "
         f"`{' '.join(args)}`: in-memory synthetic images, so the figures are compute + communication, no JPEG I/O. "
         "images/s of all workers together, the median over epochs of a run, warm-up steps excluded.",
@@ -75,57 +97,66 @@ def bench_scaling(plan: Plan, deadline: float) -> Section:
         f"transport, `launch.horovod_controller()`), so Horovod / raw {raw} is Horovod's own overhead; raw Gloo "
         "(torch.distributed over TCP loopback, DDP's transport on CPU) is shown beside it.",
     ]
-    train_order = interleave([(label, n) for n in plan.scaling_workers for label in launchers], plan.scaling_repeats)
-    ar_order = interleave([(lib, n) for n in plan.allreduce_workers for lib in libraries],
-                          plan.allreduce_rounds)
-    rates: dict[tuple[str, int], list[float]] = {key: [] for _, key in train_order}
-    op_times: dict[tuple[str, int], list[float]] = {key: [] for _, key in ar_order}
-    round_medians: dict[tuple[str, int], list[float]] = {key: [] for _, key in ar_order}
-    with tempfile.TemporaryDirectory(prefix="multigpu-bench-") as tmp, \
-            steps("scaling", len(train_order) + len(ar_order)) as log:
-        for r, (label, n) in train_order:
-            launcher, module = launchers[label]
-            t0 = time.perf_counter()
-            one_thread = ["--threads", "1"] if n == 1 else []  # the ideal's unit: one core's share
-            run = hvdtools.run_script(n, [*args, *one_thread], out=Path(tmp) / f"{label}-{n}", module=module,
-                                      launcher=launcher, timeout=300, echo=False)
-            rates[label, n].append(run_records.throughput(run))
-            log.finished(f"{label}, {n} worker(s), repeat {r + 1}/{plan.scaling_repeats}: "
-                         f"{fmt(rates[label, n][-1], 'images/s')} ({time.perf_counter() - t0:.0f} s)")
-        for r, (lib, n) in ar_order:
-            job_args = (numel, ALLREDUCE_WARMUP, plan.allreduce_reps)
-            if lib == "Horovod":
-                values = launch.run_horovod(hvdtools.allreduce_times, n, args=job_args, timeout=300, echo=False)
-            elif lib == "MPI":
-                values = launch.run_horovod(_mpi_allreduce_times, n, args=job_args, timeout=300, echo=False)
-            else:
-                values = launch.run(_gloo_allreduce_times, n, args=job_args, backend="gloo", timeout=300, echo=False)
-            op_times[lib, n] += [1000 * t for t in values[0]]
-            round_medians[lib, n].append(statistics.median(values[0]))
-            log.finished(f"{lib if lib == 'Horovod' else 'raw ' + lib} all-reduce, {n} workers, round {r + 1}/{plan.allreduce_rounds}: "
-                         f"{fmt(1000 * round_medians[lib, n][-1], 'ms')} (median of {len(values[0])})")
 
-    for n in plan.scaling_workers:
-        for label in launchers:
-            section.figures.append(Figure(f"{label}, {n} worker(s)", "images/s", rates[label, n]))
+
+def _training_rates(plan: Plan, order: Sequence[tuple[int, tuple[str, int]]], launchers: dict[str, tuple[str, str]],
+                    args: Sequence[str], tmp: Path, log: Steps) -> dict[tuple[str, int], list[float]]:
+    """Images/s of each (launcher, workers) run of ``order``, in that order."""
+    from multigpu.running import hvdtools, run_records
+
+    rates: dict[tuple[str, int], list[float]] = {key: [] for _, key in order}
+    for r, (label, n) in order:
+        launcher, module = launchers[label]
+        t0 = time.perf_counter()
+        one_thread = ["--threads", "1"] if n == 1 else []  # the ideal's unit: one core's share
+        run = hvdtools.run_script(n, [*args, *one_thread], out=tmp / f"{label}-{n}", module=module,
+                                  launcher=launcher, timeout=300, echo=False)
+        rates[label, n].append(run_records.throughput(run))
+        log.finished(f"{label}, {n} worker(s), repeat {r + 1}/{plan.scaling_repeats}: "
+                     f"{fmt(rates[label, n][-1], 'images/s')} ({time.perf_counter() - t0:.0f} s)")
+    return rates
+
+
+def _allreduce_times(plan: Plan, order: Sequence[tuple[int, tuple[str, int]]], nbytes: int,
+                     log: Steps) -> tuple[dict[tuple[str, int], list[float]], dict[tuple[str, int], list[float]]]:
+    """Each (library, workers) job of ``order``: rank 0's all-reduce times (ms), and each job's median (s)."""
+    import torch
+
+    from multigpu.running import hvdtools, launch
+
+    op_times: dict[tuple[str, int], list[float]] = {key: [] for _, key in order}
+    round_medians: dict[tuple[str, int], list[float]] = {key: [] for _, key in order}
+    job_args = (nbytes // torch.float32.itemsize, ALLREDUCE_WARMUP, plan.allreduce_reps)
+    for r, (lib, n) in order:
+        if lib == "Horovod":
+            values = launch.run_horovod(hvdtools.allreduce_times, n, args=job_args, timeout=300, echo=False)
+        elif lib == "MPI":
+            values = launch.run_horovod(_mpi_allreduce_times, n, args=job_args, timeout=300, echo=False)
+        else:
+            values = launch.run(_gloo_allreduce_times, n, args=job_args, backend="gloo", timeout=300, echo=False)
+        op_times[lib, n] += [1000 * t for t in values[0]]
+        round_medians[lib, n].append(statistics.median(values[0]))
+        log.finished(f"{lib if lib == 'Horovod' else 'raw ' + lib} all-reduce, {n} workers, round {r + 1}/{plan.allreduce_rounds}: "
+                     f"{fmt(1000 * round_medians[lib, n][-1], 'ms')} (median of {len(values[0])})")
+    return op_times, round_medians
+
+
+def _efficiencies(plan: Plan, launchers: dict[str, tuple[str, str]], info: devices.MachineInfo,
+                  rates: dict[tuple[str, int], list[float]]) -> list[Figure]:
+    """Each launcher's efficiency at each worker count past one, and Horovod over DDP."""
+    figures = []
     for n in plan.scaling_workers:
         if n == 1:
             continue
         ideal = devices.ideal_factor(n, info)
         for label in launchers:
-            section.figures.append(Figure(
+            figures.append(Figure(
                 f"{label} efficiency, {n} workers", "ratio", paired(rates[label, n], rates[label, 1], ideal),
                 Target(">=", 0.85 if n == 2 else 0.80) if label == "Horovod" else None,
             ))
-        section.figures.append(Figure(f"Horovod / DDP images/s, {n} workers", "ratio",
-                                      paired(rates["Horovod", n], rates["DDP", n]), Target(">=", 1.0)))
-    for n in plan.allreduce_workers:
-        section.figures += [Figure(f"Horovod all-reduce, {n} workers", "ms", op_times["Horovod", n])]
-        section.figures += [Figure(f"raw {lib} all-reduce, {n} workers", "ms", op_times[lib, n]) for lib in libraries[1:]]
-        section.figures.append(Figure(f"Horovod / raw {raw} all-reduce time, {n} workers", "ratio",
-                                      paired(round_medians["Horovod", n], round_medians[raw, n]), Target("<=", 1.10),
-                                      note="the same transport; per job pair; lower is better"))
-    return section
+        figures.append(Figure(f"Horovod / DDP images/s, {n} workers", "ratio",
+                              paired(rates["Horovod", n], rates["DDP", n]), Target(">=", 1.0)))
+    return figures
 
 
 #: Horovod's CPU-mode levers: label -> environment of the run (on top of the course's defaults:
@@ -168,6 +199,20 @@ def _concurrent_images_per_s(args: Sequence[str], cores: Sequence[int], tmp: Pat
     return sum(run_records.throughput(run_records.read_records(out, 1)) for out in outs)
 
 
+def _lever_runs(cores: Sequence[int]) -> list[tuple[str, str, int, dict[str, str]]]:
+    """Section 3's runs, each ``(label, launcher, workers, environment)``: the one-thread worker,
+    then at each of :data:`LEVER_WORKERS` DDP (pinned and not), every lever and Horovod over Gloo;
+    last, with two ``cores``, the two workers that never communicate (the machine's own ceiling)."""
+    runs: list[tuple[str, str, int, dict[str, str]]] = [("one worker, one thread", "horovodrun", 1, {})]
+    for n in LEVER_WORKERS:
+        runs += [("DDP (pinned)", "torchrun", n, {}), ("DDP, not pinned", "torchrun", n, {"MULTIGPU_PIN": "0"})]
+        runs += [(f"Horovod, {label}", "horovodrun", n, env) for label, env in LEVERS.items()]
+        runs.append((f"Horovod, {GLOO}", "horovodrun --gloo", n, {}))
+    if len(cores) == 2:
+        runs.append((CONCURRENT, "two processes", 2, {}))
+    return runs
+
+
 def bench_levers(plan: Plan, deadline: float) -> Section:
     """Section 3: what each Horovod lever does on this machine, against the same-run ideal and DDP.
 
@@ -179,14 +224,8 @@ def bench_levers(plan: Plan, deadline: float) -> Section:
 
     section = Section("levers", "Horovod's CPU levers, one at a time, against the ideal and torch DDP")
     args = ["--synthetic", str(plan.synthetic_images), "--epochs", str(plan.epochs), "--quiet"]
-    runs: list[tuple[str, str, int, dict[str, str]]] = [("one worker, one thread", "horovodrun", 1, {})]
-    for n in LEVER_WORKERS:
-        runs += [("DDP (pinned)", "torchrun", n, {}), ("DDP, not pinned", "torchrun", n, {"MULTIGPU_PIN": "0"})]
-        runs += [(f"Horovod, {label}", "horovodrun", n, env) for label, env in LEVERS.items()]
-        runs.append((f"Horovod, {GLOO}", "horovodrun --gloo", n, {}))
     cores = sorted(os.sched_getaffinity(0))[:2]
-    if len(cores) == 2:  # the machine's own ceiling: two workers that never communicate
-        runs.append((CONCURRENT, "two processes", 2, {}))
+    runs = _lever_runs(cores)
     order = interleave(runs, plan.lever_repeats)
     rates: dict[tuple[str, int], list[float]] = {(label, n): [] for label, _, n, _ in runs}
     section.notes += [
