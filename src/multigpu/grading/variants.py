@@ -67,15 +67,15 @@ variant                       what it does                                      
 ============================  =================================================  ==================
 ``no_lr_scaling``             a correct conversion at the rate of one worker:    accuracy
                               no scaling by the worker count, no warm-up
-``starter_threads``           keeps the starter's threads (every core for each   throughput
+``starter_threads``           keeps the starter's threads (every core for each   throughput (or T)
                               of the 4 workers: oversubscribed) and does not
                               pin its workers
 ============================  =================================================  ==================
 
 The grader reads the learning rate by the accuracy it reaches (a rate that does not reach A fails
-``accuracy`` with a hint to scale it) and the threads by the throughput they cost (a run below E
-fails ``throughput``): Lab 3's exercises teach the rule and the fair share of threads, and the
-assessment grades what they are for.
+``accuracy`` with a hint to scale it) and the threads by the time they cost (a run below E fails
+``throughput``, one past the time budget T fails ``workers``): Lab 3's exercises teach the rule
+and the fair share of threads, and the assessment grades what they are for.
 
 Honest conversions (:data:`HONEST`): other batch sizes, learning rates, square-root scaling,
 warm-ups, epochs, Adam, fp16 compression, averaged metrics. Review never flags them.
