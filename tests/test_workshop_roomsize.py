@@ -53,3 +53,13 @@ def test_measure_counts_the_cpu_time_of_the_whole_process_tree(tmp_path):
 def test_measure_reports_a_failing_notebook(tmp_path):
     use = roomsize.measure(_notebook(tmp_path / "broken.ipynb", "raise ValueError('the lab is broken')"))
     assert not use.ok and "the lab is broken" in use.error and use.cpu_s > 0
+
+
+def test_a_failure_is_reported_by_its_exception_not_the_progress_printed_after_it():
+    stderr = ("Traceback (most recent call last):\n  File 'x'\n"
+              "papermill.exceptions.PapermillExecutionError: An error occurred while executing cell 12:\n"
+              "AssertionError: the scaling check failed\n"
+              "epoch 1/3 | train loss 2.140 acc 0.185\n")
+    assert roomsize.last_error(stderr) == "AssertionError: the scaling check failed"
+    assert roomsize.last_error("just a line\n") == "just a line"
+    assert roomsize.last_error("") == "failed with no message"

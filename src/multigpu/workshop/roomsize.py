@@ -128,9 +128,17 @@ def measure(notebook: Path, *, quick: bool = False, cores: list[int] | None = No
     else:
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         mem = None
-    error = "" if proc.returncode == 0 else (err.strip().splitlines() or ["failed"])[-1]
+    error = "" if proc.returncode == 0 else last_error(err)
     return LabUse(notebook.name, round(cpu, 1), round(wall, 1), round(peak[0], 2) if meter else None,
                   round(mem, 2) if mem is not None else None, proc.returncode == 0, error)
+
+
+def last_error(stderr: str) -> str:
+    """The line of a failed run's stderr that names its exception (papermill's, the cell's), else
+    its last line: progress lines that the notebook printed come after the traceback."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    named = [line for line in lines if "Error" in line.split(":")[0] or "Exception" in line.split(":")[0]]
+    return (named or lines or ["failed with no message"])[-1]
 
 
 def sample_peak(meter: Meter, proc: subprocess.Popen[str], peak: list[float]) -> None:
