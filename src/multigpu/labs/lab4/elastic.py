@@ -36,6 +36,7 @@ import stat
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,44 +231,63 @@ def run(
         old.unlink()
     hosts = hosts or {h: 2 for h in ONE_BOX_HOSTS}
     script = write_discovery(out / "discovery", hosts)
-    total = sum(hosts.values())
-    cmd = [launch.executable("horovodrun"), "--gloo", "-np", str(total), "--min-np", str(min_np),
-           "--max-np", str(total), "--host-discovery-script", str(script), "--gloo-timeout-seconds", str(gloo_timeout_s)]
-    if cooldown_s:
-        cmd += ["--blacklist-cooldown-range", str(cooldown_s[0]), str(cooldown_s[1])]
-    cmd += [sys.executable, "-m", SCRIPT_MODULE, "--ledger", str(ledger), *script_args]
-    killed: list[tuple[float, int]] = []
-
-    def on_tick(elapsed: float) -> str:
-        if kill_at_commit is None or killed:
-            return ""
-        entries = read_ledger(ledger)
-        commits = [e for e in entries if e.event == "commit" and e.data["rank"] == 0]
-        if len(commits) < kill_at_commit:
-            return ""
-        since = commits[kill_at_commit - 1].data["time"]
-        if sum(1 for e in entries if e.event == "step" and e.data["time"] > since) >= kill_after_steps:
-            victims = worker_pids(entries, kill_host)
-            if victims:
-                os.kill(victims[0], signal.SIGKILL)
-                killed.append((time.time(), victims[0]))
-                if echo:
-                    print(f"[elastic] {elapsed:.1f} s: killed worker pid {victims[0]} on {kill_host}, "
-                          f"{kill_after_steps} step(s) after commit {kill_at_commit}", flush=True)
-        return ""
-
+    cmd = _elastic_command(sum(hosts.values()), min_np, script, gloo_timeout_s, cooldown_s, ledger, script_args)
+    killer = _Killer(ledger, kill_at_commit, kill_after_steps, kill_host, echo)
     env = launch.worker_env({"HOROVOD_LOG_LEVEL": "warning", "HOROVOD_GLOO_RENDEZVOUS_TIMEOUT_SECONDS": str(rendezvous_timeout_s)})
     proc = launch.start(cmd, env=env, cwd=out)
     result = launch.supervise([proc], ["horovodrun"], timeout, echo=echo, what="elastic horovodrun",
-                              on_tick=on_tick, tick_s=0.2)
+                              on_tick=killer.tick, tick_s=0.2)
     from multigpu.running.scripts import train_elastic
 
     options = train_elastic.parse_args(list(script_args))
     entries = read_ledger(ledger)
-    done = ElasticRun(result, account(entries, options.synthetic, options.epochs), entries, killed)
+    done = ElasticRun(result, account(entries, options.synthetic, options.epochs), entries, killer.killed)
     if result.returncodes != [0]:
         raise ElasticJobFailed(f"the elastic job failed: {explain_failure(result)}", done)
     return done
+
+
+def _elastic_command(total: int, min_np: int, discovery: Path, gloo_timeout_s: int, cooldown_s: tuple[int, int] | None,
+                     ledger: Path, script_args: Sequence[str]) -> list[str]:
+    """``horovodrun`` of :data:`SCRIPT_MODULE` elastic: ``min_np`` to ``total`` workers on the
+    hosts ``discovery`` lists, over Gloo."""
+    cmd = [launch.executable("horovodrun"), "--gloo", "-np", str(total), "--min-np", str(min_np),
+           "--max-np", str(total), "--host-discovery-script", str(discovery), "--gloo-timeout-seconds", str(gloo_timeout_s)]
+    if cooldown_s:
+        cmd += ["--blacklist-cooldown-range", str(cooldown_s[0]), str(cooldown_s[1])]
+    return [*cmd, sys.executable, "-m", SCRIPT_MODULE, "--ledger", str(ledger), *script_args]
+
+
+@dataclass
+class _Killer:
+    """:func:`run`'s ``on_tick``: SIGKILL one worker on ``kill_host`` once rank 0 has made
+    ``kill_after_steps`` steps past the ``kill_at_commit``-th commit of the ledger (never with
+    ``kill_at_commit`` None); ``killed`` holds when and whom."""
+
+    ledger: Path
+    kill_at_commit: int | None
+    kill_after_steps: int
+    kill_host: str
+    echo: bool
+    killed: list[tuple[float, int]] = field(default_factory=list)
+
+    def tick(self, elapsed: float) -> str:
+        if self.kill_at_commit is None or self.killed:
+            return ""
+        entries = read_ledger(self.ledger)
+        commits = [e for e in entries if e.event == "commit" and e.data["rank"] == 0]
+        if len(commits) < self.kill_at_commit:
+            return ""
+        since = commits[self.kill_at_commit - 1].data["time"]
+        if sum(1 for e in entries if e.event == "step" and e.data["time"] > since) >= self.kill_after_steps:
+            victims = worker_pids(entries, self.kill_host)
+            if victims:
+                os.kill(victims[0], signal.SIGKILL)
+                self.killed.append((time.time(), victims[0]))
+                if self.echo:
+                    print(f"[elastic] {elapsed:.1f} s: killed worker pid {victims[0]} on {self.kill_host}, "
+                          f"{self.kill_after_steps} step(s) after commit {self.kill_at_commit}", flush=True)
+        return ""
 
 
 def plot_run(run: ElasticRun, ax: Any = None) -> Any:

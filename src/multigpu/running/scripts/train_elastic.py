@@ -35,7 +35,9 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import horovod.torch as hvd
 import torch
@@ -58,6 +60,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+class Ledger:
+    """This process's ledger file (``None``: none is written) and the sample indices it trained
+    since its last commit."""
+
+    def __init__(self, folder: str | None) -> None:
+        self.path = Path(folder) / f"{os.getpid()}.jsonl" if folder else None
+        self.trained: list[int] = []
+
+    def write(self, event: str, **entry: Any) -> None:
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"event": event, **entry}) + "\n")
+
+    def commit(self, state: Any, epoch: int) -> None:
+        # The ledger line first: commit() may raise HostsUpdatedInterrupt (a host was added) after
+        # it has saved the state, and then these samples are committed all the same.
+        self.write("commit", epoch=epoch, rank=hvd.rank(), size=hvd.size(), indices=self.trained[:], time=time.time())
+        self.trained.clear()
+        state.commit()  # Elastic: copy the state to memory; a failure comes back to here
+
+    def on_reset(self, optimizer: torch.optim.Optimizer, base_lr: float) -> Callable[[], None]:
+        """The reset callback: after workers left or joined, before the state is broadcast."""
+
+        def reset() -> None:  # Elastic
+            lost = len(self.trained)
+            self.trained.clear()  # uncommitted work is undone: the state goes back to the last commit
+            for group in optimizer.param_groups:
+                group["lr"] = base_lr * hvd.size()  # the rate follows the number of workers
+            self.write("reset", rank=hvd.rank(), size=hvd.size(), lost=lost, time=time.time())
+
+        return reset
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     hvd.init()
@@ -70,60 +105,38 @@ def main(argv: list[str] | None = None) -> None:
     model = models.build_model(args.model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.base_lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    loss_fn = torch.nn.CrossEntropyLoss()
-    ledger = Path(args.ledger) / f"{os.getpid()}.jsonl" if args.ledger else None
-    trained: list[int] = []  # sample indices trained since the last commit (this process)
-
-    def write(entry: dict) -> None:
-        if ledger is not None:
-            with open(ledger, "a") as f:
-                f.write(json.dumps(entry) + "\n")
-
-    def commit(state, epoch: int) -> None:
-        # The ledger line first: commit() may raise HostsUpdatedInterrupt (a host was added) after
-        # it has saved the state, and then these samples are committed all the same.
-        write({"event": "commit", "epoch": epoch, "rank": hvd.rank(), "size": hvd.size(),
-               "indices": trained[:], "time": time.time()})
-        trained.clear()
-        state.commit()  # Elastic: copy the state to memory; a failure comes back to here
-
-    def on_reset() -> None:  # Elastic: after workers left or joined, before the state is broadcast
-        lost = len(trained)
-        trained.clear()  # uncommitted work is undone: the state goes back to the last commit
-        for group in optimizer.param_groups:
-            group["lr"] = args.base_lr * hvd.size()  # the rate follows the number of workers
-        write({"event": "reset", "rank": hvd.rank(), "size": hvd.size(), "lost": lost, "time": time.time()})
-
+    ledger = Ledger(args.ledger)
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=0)  # Elastic
-    state.register_reset_callbacks([on_reset])
-    write({"event": "start", "rank": hvd.rank(), "size": hvd.size(), "host": os.environ.get("HOROVOD_HOSTNAME", ""),
-           "time": time.time()})
+    state.register_reset_callbacks([ledger.on_reset(optimizer, args.base_lr)])
+    ledger.write("start", rank=hvd.rank(), size=hvd.size(), host=os.environ.get("HOROVOD_HOSTNAME", ""), time=time.time())
+    train(state, args, model, optimizer, loader, ledger)
+    ledger.write("end", rank=hvd.rank(), size=hvd.size(), time=time.time())
 
-    @hvd.elastic.run  # Elastic: on a lost worker, restore the last commit and call again
-    def train(state) -> None:
-        while state.epoch < args.epochs:
-            epoch = state.epoch
-            model.train()
-            for step, (x, y, index) in enumerate(loader, 1):
-                optimizer.zero_grad()
-                loss_fn(model(x), y).backward()
-                optimizer.step()
-                trained.extend(index.tolist())
-                if hvd.rank() == 0:  # a heartbeat: whoever watches the run sees it is between two commits
-                    write({"event": "step", "epoch": epoch, "rank": 0, "size": hvd.size(), "time": time.time()})
-                state.sampler.record_batch(step, args.batch_size)  # Elastic: these samples are done
-                if args.step_delay:
-                    time.sleep(args.step_delay)
-                if step % args.commit_every == 0:
-                    commit(state, epoch)
-            if hvd.rank() == 0:
-                print(f"epoch {epoch + 1}/{args.epochs} done on {hvd.size()} workers", flush=True)
-            state.epoch = epoch + 1
-            state.sampler.set_epoch(state.epoch)  # Elastic: a new epoch, nothing of it done yet
-            commit(state, epoch)
 
-    train(state)
-    write({"event": "end", "rank": hvd.rank(), "size": hvd.size(), "time": time.time()})
+@hvd.elastic.run  # Elastic: on a lost worker, restore the last commit and call again
+def train(state: Any, args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+          loader: DataLoader, ledger: Ledger) -> None:
+    loss_fn = torch.nn.CrossEntropyLoss()
+    while state.epoch < args.epochs:
+        epoch = state.epoch
+        model.train()
+        for step, (x, y, index) in enumerate(loader, 1):
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+            ledger.trained.extend(index.tolist())
+            if hvd.rank() == 0:  # a heartbeat: whoever watches the run sees it is between two commits
+                ledger.write("step", epoch=epoch, rank=0, size=hvd.size(), time=time.time())
+            state.sampler.record_batch(step, args.batch_size)  # Elastic: these samples are done
+            if args.step_delay:
+                time.sleep(args.step_delay)
+            if step % args.commit_every == 0:
+                ledger.commit(state, epoch)
+        if hvd.rank() == 0:
+            print(f"epoch {epoch + 1}/{args.epochs} done on {hvd.size()} workers", flush=True)
+        state.epoch = epoch + 1
+        state.sampler.set_epoch(state.epoch)  # Elastic: a new epoch, nothing of it done yet
+        ledger.commit(state, epoch)
 
 
 if __name__ == "__main__":
