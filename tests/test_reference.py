@@ -6,7 +6,6 @@ import re
 import pytest
 
 from conftest import REPO
-
 from multigpu.figures import reference
 
 
