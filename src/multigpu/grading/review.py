@@ -127,12 +127,12 @@ def show(items: Iterable[dict[str, Any]]) -> str:
 def _link_parents(tree: ast.AST) -> None:
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
-            child._review_parent = node  # type: ignore[attr-defined]
+            child.review_parent = node  # type: ignore[attr-defined]
 
 
 def _parents(node: ast.AST) -> Iterator[ast.AST]:
     parent: ast.AST | None = node
-    while (parent := getattr(parent, "_review_parent", None)) is not None:
+    while (parent := getattr(parent, "review_parent", None)) is not None:
         yield parent
 
 
@@ -224,7 +224,7 @@ def _foreign_import(node: ast.Import | ast.ImportFrom) -> Iterator[tuple[str, as
 
 def _foreign_name(node: ast.Name | ast.Attribute) -> Iterator[tuple[str, ast.AST, str]]:
     dotted = _dotted(node) if isinstance(node, ast.Attribute) else node.id
-    if isinstance(getattr(node, "_review_parent", None), ast.Attribute):
+    if isinstance(getattr(node, "review_parent", None), ast.Attribute):
         return  # judged once, as the whole chain
     if dotted.startswith("torch.distributed") or dotted.split(".")[-1] in ("DistributedDataParallel", "DataParallel",
                                                                            "init_process_group", "all_reduce"):
@@ -320,7 +320,7 @@ def _outside_read(call: ast.Call, assigned: dict[str, list[ast.AST]]) -> str:
 
 def _reads_environment(constant: ast.Constant) -> bool:
     """``os.environ[KEY]``, ``os.environ.get(KEY)`` or ``os.getenv(KEY)`` for this KEY."""
-    parent = getattr(constant, "_review_parent", None)
+    parent = getattr(constant, "review_parent", None)
     if isinstance(parent, ast.Subscript):
         return _dotted(parent.value).endswith("environ")
     if isinstance(parent, ast.Call):
@@ -330,12 +330,12 @@ def _reads_environment(constant: ast.Constant) -> bool:
 
 def _contract_key(environ: ast.Attribute) -> bool:
     """``os.environ[...]`` / ``os.environ.get(...)`` with one of the contract's variables."""
-    parent = getattr(environ, "_review_parent", None)
+    parent = getattr(environ, "review_parent", None)
     key = None
     if isinstance(parent, ast.Subscript) and isinstance(parent.slice, ast.Constant):
         key = parent.slice.value
     elif isinstance(parent, ast.Attribute):
-        call = getattr(parent, "_review_parent", None)
+        call = getattr(parent, "review_parent", None)
         if isinstance(call, ast.Call) and call.args and isinstance(call.args[0], ast.Constant):
             key = call.args[0].value
     return key in CONTRACT_VARS
