@@ -104,8 +104,25 @@ def collect(hub: Hub, job: Job) -> Path:
 def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Step 2: autograde and feedback in a scratch course as the grading account; the scores go to
     the instructor's gradebook. Returns ``{"score", "max_score", "notebooks": {nb: [score, max]}}``."""
-    from nbgrader.api import Gradebook, MissingEntry
+    scratch = scratch_course(hub, job, submitted)
+    env = _env(scratch)
+    user = layout.GRADER_USER
+    log("registering the assignment")
+    _nbgrader(["generate_assignment", job.assignment, "--force"], scratch, user=user, env=env,
+              what="nbgrader generate_assignment")
+    log("autograding the notebooks (nbgrader runs them as the grading account)")
+    _nbgrader(["autograde", job.assignment, "--student", job.student, "--force"], scratch, user=user, env=env,
+              what="nbgrader autograde")
+    _nbgrader(["generate_feedback", job.assignment, "--student", job.student, "--force"], scratch, user=user, env=env,
+              what="nbgrader generate_feedback")
+    out = record_scores(hub, job, scratch_scores(scratch, job))
+    release_feedback(hub, job, scratch)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return out
 
+
+def scratch_course(hub: Hub, job: Job, submitted: Path) -> Path:
+    """A course of one assignment and one submission, owned by the grading account alone."""
     scratch = hub.scratch / f"job-{job.id}"
     if scratch.exists():
         shutil.rmtree(scratch)
@@ -117,22 +134,22 @@ def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -
         exchange=str(scratch / "no-exchange"), assessment=layout.ASSESSMENT))
     _chown_tree(scratch, layout.GRADER_USER)
     os.chmod(scratch, 0o700)
-    env = _env(scratch)
-    user = layout.GRADER_USER
-    log("registering the assignment")
-    _nbgrader(["generate_assignment", job.assignment, "--force"], scratch, user=user, env=env,
-              what="nbgrader generate_assignment")
-    log("autograding the notebooks (nbgrader runs them as the grading account)")
-    _nbgrader(["autograde", job.assignment, "--student", job.student, "--force"], scratch, user=user, env=env,
-              what="nbgrader autograde")
-    _nbgrader(["generate_feedback", job.assignment, "--student", job.student, "--force"], scratch, user=user, env=env,
-              what="nbgrader generate_feedback")
+    return scratch
 
-    scores: dict[str, dict[str, float]] = {}
+
+def scratch_scores(scratch: Path, job: Job) -> dict[str, dict[str, float]]:
+    """Each notebook's grade cells and the points autograde gave them in the scratch course."""
+    from nbgrader.api import Gradebook
+
     with Gradebook(f"sqlite:///{scratch / 'gradebook.db'}") as gb:
         sub = gb.find_submission(job.assignment, job.student)
-        for nb in sub.notebooks:
-            scores[nb.name] = {g.name: float(g.auto_score or 0) for g in nb.grades}
+        return {nb.name: {g.name: float(g.auto_score or 0) for g in nb.grades} for nb in sub.notebooks}
+
+
+def record_scores(hub: Hub, job: Job, scores: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The scores into the instructor's gradebook, replacing an earlier submission's."""
+    from nbgrader.api import Gradebook, MissingEntry
+
     with Gradebook(hub.db_url) as gb:
         gb.update_or_create_student(job.student)
         try:
@@ -150,9 +167,12 @@ def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -
                 g.auto_score = scores.get(nb.name, {}).get(g.name, 0.0)
         gb.db.commit()
         sub = gb.find_submission(job.assignment, job.student)
-        out = {"score": float(sub.score), "max_score": float(sub.max_score),
-               "notebooks": {nb.name: [float(nb.score), float(nb.max_score)] for nb in sub.notebooks}}
+        return {"score": float(sub.score), "max_score": float(sub.max_score),
+                "notebooks": {nb.name: [float(nb.score), float(nb.max_score)] for nb in sub.notebooks}}
 
+
+def release_feedback(hub: Hub, job: Job, scratch: Path) -> None:
+    """The autograded copy and its feedback into the instructor's course, released to the learner."""
     instructor = pwd.getpwuid(hub.course.stat().st_uid).pw_name
     for part in ("autograded", "feedback"):
         dest = hub.course / part / job.student / job.assignment
@@ -167,8 +187,6 @@ def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -
     # into it, and the formgrader's Release Feedback button runs as the instructor too
     _nbgrader(["release_feedback", job.assignment, "--student", job.student], hub.course, user=instructor,
               env=_env(Path(pwd.getpwnam(instructor).pw_dir)), what="nbgrader release_feedback")
-    shutil.rmtree(scratch, ignore_errors=True)
-    return out
 
 
 def released_labs(hub: Hub) -> list[str]:
