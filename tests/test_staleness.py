@@ -106,6 +106,11 @@ def test_the_verdict_says_what_the_runs_show():
     assert "below tau = 0's range" in lines[3] and "lr / tau" in lines[3]
     accs[1, 0.2] = [0.11, 0.10, 0.12]
     assert "did not train" in staleness.verdict(fake(setup, accs), setup)[1]
+    assert "diverged on 3 of 3" not in staleness.verdict(fake(setup, accs), setup)[1]
+    accs[1, 0.2] = [0.0, 0.11, 0.0]
+    runs = fake(setup, accs)
+    runs[1, 0.2, 0]["diverged"] = runs[1, 0.2, 2]["diverged"] = True
+    assert "did not train (at most 11%, chance is 10%, diverged on 2 of 3 seeds)" in staleness.verdict(runs, setup)[1]
     assert "3 seeds" not in staleness.table(fake(setup, accs)) and "0 of 3" in staleness.table(fake(setup, accs))
 
 

@@ -168,7 +168,8 @@ def _status(row: dict[str, Any], base: dict[str, Any], chance: float) -> str:
     if row["diverged"] == row["seeds"]:
         return "diverged on every seed"
     if row["acc_max"] < 1.5 * chance:
-        return f"did not train (at most {100 * row['acc_max']:.0f}%, chance is {100 * chance:.0f}%)"
+        diverged = f", diverged on {row['diverged']} of {row['seeds']} seeds" if row["diverged"] else ""
+        return f"did not train (at most {100 * row['acc_max']:.0f}%, chance is {100 * chance:.0f}%{diverged})"
     if row["diverged"]:
         return f"diverged on {row['diverged']} of {row['seeds']} seeds"
     if row["acc_max"] < base["acc_min"]:
