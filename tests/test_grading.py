@@ -81,6 +81,7 @@ def test_learners_get_the_unconverted_starter_and_the_solution_is_the_conversion
     assert unconverted.split('"""', 2)[2] == starter.split('"""', 2)[2]
 
 
+@pytest.mark.slow  # grade() probes the sandbox once per process (a bwrap start) before it reads the source
 def test_syntax_errors_and_missing_files_are_reported_without_running_anything(tmp_path):
     script = variants.write("syntax_error", grader.REFERENCE, tmp_path / "syntax_error.py")  # not train.py
     msg = grader.check_source(script)
