@@ -104,7 +104,7 @@ def test_horovod_build_reports_gloo():
 
 PIN_PROBE = """
 import os, sys, threading, time
-from multigpu import devices
+from multigpu.core import devices
 early = threading.Thread(target=time.sleep, args=(1.0,))  # a thread that exists before the pin
 early.start()
 core = devices.pin_worker(int(sys.argv[1]), int(sys.argv[2]), devices.MachineInfo("cpu", 2, 0, (), ""))
