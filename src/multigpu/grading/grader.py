@@ -43,38 +43,31 @@ from typing import Any
 from multigpu.grading import audit, review, rules
 from multigpu.grading import sandbox as sb
 from multigpu.grading.averaging import (
-    CLOCK_SLACK_S,
     RunClock,
     gradient_allreduce_rounds,
-    gradient_round_ends,
     horovod_averaging,
-    rounds_while_training,
     timeline_file,
     timeline_start,
 )
-from multigpu.grading.baselines import BASELINE_THREADS, agreeing_baselines, baseline, run_with_baselines
+from multigpu.grading.baselines import agreeing_baselines, baseline, run_with_baselines
 from multigpu.grading.checkpoints import (
     IDENTICAL_TOL,
-    MAX_CHECKPOINT_BYTES,
     find_checkpoints,
-    holdout_accuracy,
     images_per_epoch,
     load_checkpoint,
     state_difference,
     weights_only,
 )
 from multigpu.grading.criteria import CRITERIA, POINTS, judge_all
-from multigpu.grading.evidence import Evidence, collect
-from multigpu.grading.hints import check_source, learning_rate_hints, uses_horovod
+from multigpu.grading.evidence import collect
+from multigpu.grading.hints import check_source, learning_rate_hints
 from multigpu.grading.preparation import (
     REFERENCE,
-    REPO,
     STARTER,
     Log,
     horovod_unavailable,
     machine_measurements,
     prepare,
-    prepare_data,
     sandbox_rules,
 )
 from multigpu.grading.result import (
@@ -87,17 +80,15 @@ from multigpu.grading.result import (
 )
 from multigpu.grading.rules import RESULT_FILE, Settings
 from multigpu.grading.runner import RunRecord
-from multigpu.grading.runs import LONE_RANK0_GRACE_S, lone_rank0, run_failure, run_throughput
+from multigpu.grading.runs import lone_rank0, run_failure, run_throughput
 
 __all__ = [
-    "BASELINE_THREADS", "CLOCK_SLACK_S", "CRITERIA", "IDENTICAL_TOL", "LONE_RANK0_GRACE_S", "MAX_CHECKPOINT_BYTES",
-    "POINTS", "REFERENCE", "REPO", "RESULT_FILE", "STARTER", "Criterion", "Evidence", "GradeResult",
-    "GradingUnavailable", "HorovodUnavailable", "Log", "RunClock", "SandboxUnavailable", "Settings", "agreeing_baselines",
-    "all_fail", "baseline", "check_source", "collect", "deferred", "find_checkpoints", "grade", "gradient_allreduce_rounds",
-    "gradient_round_ends", "holdout_accuracy", "horovod_averaging", "horovod_unavailable", "images_per_epoch", "judge",
-    "learning_rate_hints", "load_checkpoint", "lone_rank0", "prepare_data", "rounds_while_training", "run_failure",
-    "run_throughput", "sandbox_rules", "save_result", "state_difference", "timeline_file", "timeline_start",
-    "uses_horovod", "weights_only",
+    "CRITERIA", "IDENTICAL_TOL", "POINTS", "REFERENCE", "RESULT_FILE", "STARTER", "Criterion", "GradeResult",
+    "GradingUnavailable", "HorovodUnavailable", "Log", "RunClock", "SandboxUnavailable", "Settings",
+    "agreeing_baselines", "all_fail", "baseline", "check_source", "collect", "deferred", "find_checkpoints",
+    "grade", "gradient_allreduce_rounds", "horovod_averaging", "horovod_unavailable", "images_per_epoch", "judge",
+    "learning_rate_hints", "load_checkpoint", "lone_rank0", "run_failure", "run_throughput", "sandbox_rules",
+    "save_result", "state_difference", "timeline_file", "timeline_start", "weights_only",
 ]
 
 
