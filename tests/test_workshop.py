@@ -173,3 +173,35 @@ def test_a_grading_that_crashes_or_hangs_fails_with_a_message_and_keeps_the_queu
     assert time.monotonic() - start < 30
     assert slow.state == "failed" and "longer than 2 s" in slow.message
     assert q.take() is None
+
+
+@pytest.mark.slow
+def test_a_grading_cut_off_by_a_service_stop_stays_running_and_is_graded_again(tmp_path, monkeypatch):
+    """The hub stops the service (SIGTERM) while a grading runs: the service kills the grading,
+    and its job is left running, not failed, so the next start queues it again."""
+    import sys
+    import threading
+
+    from multigpu.workshop import service
+
+    hub = layout.Hub(tmp_path)
+    q = jobs.Queue(hub.queue_db)
+    q.add("ana+lab-00+t1+x", "ana", "lab-00", "t1")
+    hang = tmp_path / "hang"
+    hang.write_text("#!/bin/sh\nsleep 60\n")
+    hang.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(hang))
+    monkeypatch.setattr(service, "STOPPING", [])
+    job, out = q.take(), []
+    grading = threading.Thread(target=lambda: out.append(service.grade_one(hub, q, job, timeout=60)))
+    grading.start()
+    deadline = time.monotonic() + 30
+    while job.id not in service.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job.id in service.RUNNING, "the grading never started"
+    service.halt(15)
+    grading.join(30)
+    assert out and out[0].state == "running", out
+    assert [j.id for j in q.recover()] == [job.id]
+    assert q.take().id == job.id
+

@@ -93,6 +93,8 @@ def test_the_image_installs_the_course_with_its_pins():
     assert f'"ngshare=={pins["ngshare"]}"' in text
     # its declared jupyter-core<4.11.2 conflicts with the course's jupyter_server: no dependencies
     assert re.search(rf'--no-deps "ngshare_exchange=={re.escape(pins["ngshare_exchange"])}"', text)
+    assert f"useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin {layout.GRADER_USER}" \
+        in text, "the grading pod runs learners' notebooks as the grading account, which the image must have"
     copied = re.findall(r"^COPY (.+) /opt/course/", text, re.M)
     for part in " ".join(copied).split():
         assert (REPO / part).exists(), f"the Dockerfile copies {part}, which the repository lacks"
@@ -114,6 +116,10 @@ def test_ngshare_is_the_exchange_and_the_hub_knows_it():
     grading_env = {e["name"]: e.get("value") for e in _docs("grading.yaml")["Deployment/multigpu-grading"]["spec"][
         "template"]["spec"]["containers"][0]["env"]}
     assert env["JUPYTERHUB_API_URL"] == grading_env["JUPYTERHUB_API_URL"]
+    # the grading service reads the exchange the learners' nbgrader submits into
+    learners = docs["ConfigMap/multigpu-learner-config"]["data"]["nbgrader_config.py"]
+    assert f'configureExchange(c, "{grading_env["MULTIGPU_NGSHARE_URL"]}")' in learners
+    assert grading_env["MULTIGPU_NGSHARE_URL"] == NGSHARE_IN_CLUSTER
     # the hub and the service hold the same token, distinct from the grading service's
     secret = docs["Secret/multigpu-ngshare-token"]["stringData"]["token"]
     ref = next(e for e in box["env"] if e["name"] == "JUPYTERHUB_API_TOKEN")["valueFrom"]["secretKeyRef"]
@@ -191,6 +197,7 @@ class LiveHub:
     ngshare: str
     admin_token: str
     proc: subprocess.Popen[bytes]
+    grading_token: str  # the grading service's, as grading.yaml gives it
 
     def api(self, method: str, path: str, token: str, **kwargs: Any) -> Any:
         import requests
@@ -233,7 +240,7 @@ def live_hub() -> Iterator[LiveHub]:
 
     tmp = Path(tempfile.mkdtemp(prefix="multigpu-ngshare-"))
     port, ngshare_port = _free_port(), _free_port()
-    admin_token = secrets.token_hex(16)
+    admin_token, grading_token = secrets.token_hex(16), secrets.token_hex(16)
     values = yaml.safe_load((K8S / "values.yaml").read_text())
     admins = values["hub"]["config"]["Authenticator"]["admin_users"]
     args = _docs("ngshare.yaml")["Deployment/multigpu-ngshare"]["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -244,7 +251,8 @@ def live_hub() -> Iterator[LiveHub]:
                        "cookie_secret_file": f"{tmp}/cookie_secret", "authenticator_class": "dummy",
                        "services": [{"name": "ngshare", "url": f"http://127.0.0.1:{ngshare_port}", "command": command,
                                      "oauth_no_confirm": True},
-                                    {"name": "tester", "api_token": admin_token}],
+                                    {"name": "tester", "api_token": admin_token},
+                                    {"name": "grading", "api_token": grading_token}],
                        "load_roles": [{"name": "tester", "scopes": ["admin:users", "tokens"], "services": ["tester"]}]},
         "ConfigurableHTTPProxy": {"api_url": f"http://127.0.0.1:{_free_port()}", "pid_file": f"{tmp}/proxy.pid"},
         "Authenticator": {"allow_all": True, "admin_users": admins},
@@ -258,7 +266,8 @@ def live_hub() -> Iterator[LiveHub]:
     log = open(tmp / "hub.log", "wb")
     proc = subprocess.Popen([str(HUB_PY), "-m", "jupyterhub", "-f", str(tmp / "jupyterhub_config.py")], cwd=tmp,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    hub = LiveHub(tmp, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ngshare_port}/services/ngshare", admin_token, proc)
+    hub = LiveHub(tmp, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ngshare_port}/services/ngshare", admin_token, proc,
+                  grading_token)
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -281,35 +290,61 @@ def live_hub() -> Iterator[LiveHub]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@pytest.mark.slow
-def test_ngshare_names_each_submitter_by_their_hub_token(live_hub):
-    """The instructor releases Lab 0 through ngshare with the ConfigMap's nbgrader config; a
-    learner fetches and submits it; another, pretending to be the first (JUPYTERHUB_USER is theirs
-    to set), is recorded as themself, and can read neither the first's submission nor feedback."""
+@dataclass
+class Course:
+    """The course in ngshare: an instructor and two learners, each with a hub token and a home."""
+
+    hub: LiveHub
+    tokens: dict[str, str]
+    homes: dict[str, Path]
+
+    def release(self, assignment: str, notebook: str = "00-welcome.ipynb") -> None:
+        released = self.homes["instructor"] / "release" / assignment
+        released.mkdir(parents=True)
+        (released / notebook).write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+        out = self.hub.as_user("instructor", self.tokens["instructor"], NBGRADER, "release_assignment", assignment,
+                               "--force", cwd=self.homes["instructor"])
+        assert f"Successfully released {assignment}" in out, out
+
+    def fetch(self, learner: str, assignment: str) -> None:
+        home = self.homes[learner]
+        out = self.hub.as_user(learner, self.tokens[learner], NBGRADER, "fetch_assignment", assignment, cwd=home)
+        assert (home / assignment).is_dir() and any((home / assignment).glob("*.ipynb")), (out, sorted(home.rglob("*")))
+
+
+NBGRADER = str(PREFIX / "bin" / "nbgrader")
+MANAGE = str(PREFIX / "bin" / "ngshare-course-management")
+#: ngshare wants an instructor's names and address: docs/workshop.md's command gives these
+GRADING_NAME = ("-f", "Grading", "-l", "Service", "-e", "grading@localhost")
+
+
+@pytest.fixture(scope="module")
+def course(live_hub: LiveHub) -> Course:
     hub = live_hub
     hub.api("POST", "/users", hub.admin_token, json={"usernames": ["instructor", "alice", "bob"]})
     tokens = {u: hub.token(u) for u in ("instructor", "alice", "bob")}
     homes = {u: hub.tmp / "home" / u for u in tokens}
     for home in homes.values():
         home.mkdir(parents=True)
-    manage = [str(PREFIX / "bin" / "ngshare-course-management")]
-    hub.as_user("instructor", tokens["instructor"], *manage, "create_course", layout.COURSE_ID, "instructor",
+    hub.as_user("instructor", tokens["instructor"], MANAGE, "create_course", layout.COURSE_ID, "instructor",
                 cwd=homes["instructor"])
     for learner in ("alice", "bob"):
-        hub.as_user("instructor", tokens["instructor"], *manage, "add_student", layout.COURSE_ID, learner, "--no-gb",
+        hub.as_user("instructor", tokens["instructor"], MANAGE, "add_student", layout.COURSE_ID, learner, "--no-gb",
                     cwd=homes["instructor"])
-    released = homes["instructor"] / "release" / "lab-00"
-    released.mkdir(parents=True)
-    (released / "00-welcome.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-    nbgrader = str(PREFIX / "bin" / "nbgrader")
-    out = hub.as_user("instructor", tokens["instructor"], nbgrader, "release_assignment", "lab-00", "--force",
-                      cwd=homes["instructor"])
-    assert "Successfully released lab-00" in out, out
+    return Course(hub, tokens, homes)
+
+
+@pytest.mark.slow
+def test_ngshare_names_each_submitter_by_their_hub_token(course):
+    """The instructor releases Lab 0 through ngshare with the ConfigMap's nbgrader config; a
+    learner fetches and submits it; another, pretending to be the first (JUPYTERHUB_USER is theirs
+    to set), is recorded as themself, and can read neither the first's submission nor feedback."""
+    hub, tokens, homes = course.hub, course.tokens, course.homes
+    course.release("lab-00")
     for learner in ("alice", "bob"):
-        out = hub.as_user(learner, tokens[learner], nbgrader, "fetch_assignment", "lab-00", cwd=homes[learner])
-        assert (homes[learner] / "lab-00" / "00-welcome.ipynb").is_file(), (out, sorted(homes[learner].rglob("*")))
-    hub.as_user("alice", tokens["alice"], nbgrader, "submit", "lab-00", cwd=homes["alice"])
-    hub.as_user("bob", tokens["bob"], nbgrader, "submit", "lab-00", cwd=homes["bob"], name="alice")
+        course.fetch(learner, "lab-00")
+    hub.as_user("alice", tokens["alice"], NBGRADER, "submit", "lab-00", cwd=homes["alice"])
+    hub.as_user("bob", tokens["bob"], NBGRADER, "submit", "lab-00", cwd=homes["bob"], name="alice")
 
     status, listed = hub.exchange(f"/submissions/{layout.COURSE_ID}/lab-00", tokens["instructor"])
     assert status == 200 and sorted(s["student_id"] for s in listed["submissions"]) == ["alice", "bob"], listed
@@ -321,3 +356,52 @@ def test_ngshare_names_each_submitter_by_their_hub_token(live_hub):
     assert status == 200 and [s["student_id"] for s in own["submissions"]] == ["bob"]
     status, answer = hub.exchange(f"/submissions/{layout.COURSE_ID}/lab-00/alice", "not-a-hub-token")
     assert status >= 400 and not answer.get("success"), "a token the hub does not know reads nothing"
+
+
+@pytest.mark.slow
+def test_the_grading_service_reads_submissions_from_ngshare_and_returns_feedback_through_it(course, tmp_path,
+                                                                                            monkeypatch):
+    """What the grading service does on Kubernetes (multigpu.workshop.ngshare), against the real
+    ngshare: with its own hub token, once the instructor has made it one of the course's
+    instructors, it lists a learner's submission, downloads its files and uploads feedback that
+    the learner fetches from their Assignments tab. Before that, and for a learner's token,
+    ngshare lists nothing."""
+    from multigpu.workshop import grading, jobs, ngshare
+    from multigpu.workshop import service as workshop_service
+    from multigpu.workshop.layout import Hub
+
+    hub, tokens, homes = course.hub, course.tokens, course.homes
+    course.release("lab-01", "01-gd-vs-sgd.ipynb")
+    course.fetch("alice", "lab-01")
+    (homes["alice"] / "lab-01" / "answer.txt").write_text("alice's work")
+    hub.as_user("alice", tokens["alice"], NBGRADER, "submit", "lab-01", cwd=homes["alice"])
+    service = ngshare.Ngshare(hub.ngshare, hub.grading_token)
+    with pytest.raises(ngshare.NgshareError, match="403"):
+        service.submissions()
+    hub.as_user("instructor", tokens["instructor"], MANAGE, "add_instructor", layout.COURSE_ID, "grading",
+                *GRADING_NAME,
+                cwd=homes["instructor"])
+    subs = [s for s in service.submissions() if s.assignment == "lab-01"]
+    assert [s.student for s in subs] == ["alice"], subs
+    # the service's queue and the grading job's first step, as on the grading pod
+    box = Hub(tmp_path / "hub")
+    queue = jobs.Queue(box.queue_db)
+    queued = {(j.student, j.assignment): j for j in workshop_service.scan(box, queue, service)}
+    assert ("alice", "lab-01") in queued, queued
+    assert not workshop_service.scan(box, queue, service), "a submission is queued once"
+    monkeypatch.setenv(ngshare.URL_VAR, hub.ngshare)
+    monkeypatch.setenv(ngshare.TOKEN_VAR, hub.grading_token)
+    dest = grading.collect(box, queued[("alice", "lab-01")])
+    assert dest == box.course / "submitted" / "alice" / "lab-01"
+    assert (dest / "answer.txt").read_text() == "alice's work" and (dest / "01-gd-vs-sgd.ipynb").is_file()
+    assert (dest / ngshare.STAMP_FILE).read_text() == subs[0].timestamp
+    assert grading.released_labs(box) == ["lab-00", "lab-01"]
+    feedback = tmp_path / "feedback"
+    feedback.mkdir()
+    (feedback / "01-gd-vs-sgd.html").write_text("<p>alice: 3 of 14 points</p>")
+    assert service.upload_feedback(subs[0], feedback) == ["01-gd-vs-sgd.html"]
+    hub.as_user("alice", tokens["alice"], NBGRADER, "fetch_feedback", "lab-01", cwd=homes["alice"])
+    pages = sorted((homes["alice"] / "lab-01" / "feedback").rglob("*.html"))
+    assert [p.read_text() for p in pages] == ["<p>alice: 3 of 14 points</p>"], pages
+    with pytest.raises(ngshare.NgshareError, match="403"):
+        ngshare.Ngshare(hub.ngshare, tokens["bob"]).submissions()

@@ -3,7 +3,8 @@ on the cores kept for grading; it runs as root and never runs learner code as ro
 
 1. the submission is checked (the folder in the exchange's inbound must belong to the account
    whose name it carries: nbgrader's exchange itself would take any name) and copied to the
-   course's ``submitted/``, replacing an earlier one;
+   course's ``submitted/``, replacing an earlier one; on Kubernetes it is downloaded from ngshare
+   (:mod:`ngshare`), which names the submitter by their hub token;
 2. nbgrader autogrades it in a scratch course, as the unprivileged :data:`layout.GRADER_USER`
    (a learner's notebook is hostile code: it must reach neither the gradebook nor anyone's work),
    and generates the feedback there; the scores go into the instructor's gradebook and the
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from multigpu.workshop import course, layout
+from multigpu.workshop import course, layout, ngshare
 from multigpu.workshop.jobs import Job
 from multigpu.workshop.layout import Hub
 
@@ -84,16 +85,30 @@ def _env(home: Path) -> dict[str, str]:
             "JUPYTER_RUNTIME_DIR": str(home / ".runtime")}
 
 
+def submission(job: Job) -> ngshare.Submission:
+    return ngshare.Submission(job.student, job.assignment, job.submitted)
+
+
 def collect(hub: Hub, job: Job) -> Path:
     """Step 1: the submission, checked, in ``course/submitted/<student>/<assignment>/``."""
     from multigpu.grading.rules import RESULT_FILE
 
+    dest = hub.course / "submitted" / job.student / job.assignment
+    source = ngshare.Ngshare.from_env()
+    if source is not None:
+        if dest.exists():
+            shutil.rmtree(dest)
+        try:
+            source.download(submission(job), dest, skip=(RESULT_FILE, ".ipynb_checkpoints"))
+        except ngshare.NgshareError as e:
+            raise JobFailed(f"the submission could not be read from the exchange ({e}): submit again, "
+                            "or ask the instructor") from None
+        return dest
     src = hub.inbound / job.submission
     if not src.is_dir():
         raise JobFailed(f"the submission {job.submission} is no longer in the exchange: submit again")
     if not submitter_matches(src, job.student):
         raise JobFailed(f"this submission carries the name {job.student!r} but was made by another account: not graded")
-    dest = hub.course / "submitted" / job.student / job.assignment
     if dest.exists():
         shutil.rmtree(dest)
     # a grading result comes from the grader's own run, never from a submission
@@ -183,6 +198,14 @@ def release_feedback(hub: Hub, job: Job, scratch: Path) -> None:
     _chown_tree(hub.course / "submitted" / job.student, instructor)
     for f in hub.course.glob("gradebook.db*"):
         _chown_tree(f, instructor)
+    source = ngshare.Ngshare.from_env()
+    if source is not None:
+        try:
+            source.upload_feedback(submission(job), hub.course / "feedback" / job.student / job.assignment)
+        except ngshare.NgshareError as e:
+            raise JobFailed(f"graded, but the feedback could not be returned through the exchange ({e}): "
+                            "ask the instructor") from None
+        return
     # as the instructor: nbgrader's exchange wants its feedback folder owned by whoever releases
     # into it, and the formgrader's Release Feedback button runs as the instructor too
     _nbgrader(["release_feedback", job.assignment, "--student", job.student], hub.course, user=instructor,
@@ -190,6 +213,9 @@ def release_feedback(hub: Hub, job: Job, scratch: Path) -> None:
 
 
 def released_labs(hub: Hub) -> list[str]:
+    source = ngshare.Ngshare.from_env()
+    if source is not None:
+        return [a for a in source.assignments() if a.startswith("lab-")]
     outbound = hub.exchange / layout.COURSE_ID / "outbound"
     return sorted(p.name for p in outbound.iterdir() if p.name.startswith("lab-")) if outbound.is_dir() else []
 

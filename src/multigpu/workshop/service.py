@@ -1,8 +1,9 @@
 """The grading service of a workshop hub (JupyterHub starts it: ``hubconfig``; run by hand with
 ``python -m multigpu.workshop.service``).
 
-Every few seconds it looks for new submissions in nbgrader's exchange and records each one in
-the queue on disk (:mod:`jobs`); one at a time, it grades the oldest in a child process pinned to
+Every few seconds it looks for new submissions in nbgrader's exchange (the file exchange's
+inbound folder on one box; ngshare on Kubernetes, :mod:`ngshare`) and records each one in the
+queue on disk (:mod:`jobs`); one at a time, it grades the oldest in a child process pinned to
 the cores kept for grading (``multigpu workshop grade-job ID`` through ``multigpu.running.launch``,
 bounded by ``MULTIGPU_GRADING_TIMEOUT``). Its page (``/services/grading/``, behind the hub's
 login) shows a learner their own submissions only: place in the queue, state, scores, the
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from multigpu.workshop import accounts, grading, jobs, layout
+from multigpu.workshop import accounts, grading, jobs, layout, ngshare
 from multigpu.workshop.layout import Hub
 
 SCAN_S = 2.0
@@ -30,6 +31,9 @@ GRADING_TIMEOUT_S = 3600
 
 #: The grading child process now running (at most one), so a stop of the service stops it too.
 RUNNING: dict[int, Any] = {}
+#: Set by :func:`stop` before it kills the grading under way: that job stays ``running`` in the
+#: queue (graded again at the next start), not ``failed`` as a grading that died by itself.
+STOPPING: list[int] = []
 
 
 def grading_cores() -> set[int] | None:
@@ -37,8 +41,12 @@ def grading_cores() -> set[int] | None:
     return {int(c) for c in given.split(",")} if given else None
 
 
-def scan(hub: Hub, queue: jobs.Queue) -> list[jobs.Job]:
-    """Record every new submission in the exchange's inbound folder; returns the new jobs."""
+def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None) -> list[jobs.Job]:
+    """Record every new submission, in the exchange's inbound folder or in ngshare (``source``:
+    ngshare names each submitter by their hub token); returns the new jobs."""
+    if source is not None:
+        return [queue.add(s.name, s.student, s.assignment, s.timestamp)
+                for s in source.submissions() if not queue.known(s.name)]
     new: list[jobs.Job] = []
     if not hub.inbound.is_dir():
         return new
@@ -72,7 +80,7 @@ def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADI
     finally:
         RUNNING.pop(job.id, None)
     after = queue.get(job.id)
-    if after is not None and after.state == "running":
+    if after is not None and after.state == "running" and not STOPPING:
         code = result.returncodes[0]
         if code is None or result.timed_out:
             message = (f"the grading took longer than {timeout:.0f} s and was stopped; your submission is kept: "
@@ -84,13 +92,13 @@ def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADI
     return queue.get(job.id)  # type: ignore[return-value]
 
 
-async def scanner(hub: Hub, queue: jobs.Queue) -> None:
+async def scanner(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None) -> None:
     """Record new submissions every few seconds, also while a grading runs (so a learner sees
     their place in the queue at once)."""
     loop = asyncio.get_running_loop()
     while True:
         try:
-            await loop.run_in_executor(None, scan, hub, queue)
+            await loop.run_in_executor(None, scan, hub, queue, source)
         except Exception as e:
             print(f"grading service: scanning the exchange failed: {e!r}", file=sys.stderr, flush=True)
         await asyncio.sleep(SCAN_S)
@@ -211,12 +219,18 @@ def make_app(hub: Hub, queue: jobs.Queue) -> Any:
     ], cookie_secret=os.urandom(32))
 
 
-def stop(signum: int) -> None:
-    """The hub stops its services with SIGTERM: stop the grading under way with it (its job stays
-    ``running`` in the queue and is graded again from the start when the service is back)."""
+def halt(signum: int) -> None:
+    """Kill the grading under way because the service stops: its job stays ``running`` in the
+    queue, so the next start grades it again from the start (:meth:`jobs.Queue.recover`)."""
     from multigpu.running import launch
 
+    STOPPING.append(signum)
     launch.kill_sessions(list(RUNNING.values()))
+
+
+def stop(signum: int) -> None:
+    """The hub stops its services with SIGTERM: stop the grading under way with it."""
+    halt(signum)
     print(f"grading service stopped (signal {signum}); jobs under way run again at the next start", flush=True)
     os._exit(128 + signum)
 
@@ -232,12 +246,14 @@ async def main() -> None:
     queue = jobs.Queue(hub.queue_db, limit=int(os.environ.get("MULTIGPU_QUEUE_LIMIT") or jobs.QUEUE_LIMIT))
     for job in queue.recover():
         print(f"job {job.id} ({job.student} {job.assignment}) was cut off by a restart: queued again", flush=True)
+    source = ngshare.Ngshare.from_env()
+    print(f"reading submissions from {source.url if source else hub.inbound}", flush=True)
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8010"))
     app = make_app(hub, queue)
     app.listen(url.port, url.hostname)
     print(f"grading service on {url.geturl()}, grading on cores {os.environ.get('MULTIGPU_GRADING_CORES_LIST', 'any')}",
           flush=True)
-    await asyncio.gather(scanner(hub, queue),
+    await asyncio.gather(scanner(hub, queue, source),
                          worker(hub, queue, float(os.environ.get("MULTIGPU_GRADING_TIMEOUT") or GRADING_TIMEOUT_S)))
 
 
