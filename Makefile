@@ -204,7 +204,7 @@ hub-queue:
 hub-stop:
 	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop stop
 
-# the hub tests (root; make hub-deps first): about 10 min, and 20 more for the browser test's
-# official grading on the cpu profile (MULTIGPU_WORKSHOP_PROFILE=quick: no certificate, shorter)
+# the hub tests (root; make hub-deps first): about 7 min on a quiet 2-core box, most of it the browser
+# test's official grading on the cpu profile (MULTIGPU_WORKSHOP_PROFILE=quick: no certificate)
 test-hub: $(STAMP)
 	MULTIGPU_QUICK=1 MULTIGPU_TEST_HUB=1 $(PY) -m pytest tests/test_workshop*.py -v --durations=5
