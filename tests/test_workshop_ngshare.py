@@ -56,3 +56,10 @@ def test_an_unreachable_ngshare_is_an_error_with_its_address():
     client = ngshare.Ngshare("http://127.0.0.1:9", "t", timeout_s=5)  # port 9: discard, nothing listens
     with pytest.raises(ngshare.NgshareError, match="cannot be reached"):
         client.assignments()
+
+
+def test_only_names_that_can_be_a_courses_folder_are_read():
+    for ok in ("alice", "learner01", "ada.lovelace@uni.edu", "lab-00", "assessment", "x.."):
+        assert ngshare.NAME.fullmatch(ok), ok
+    for bad in ("..", "../alice", "a/b", ".hidden", "-rf", "", "a b", "a\nb", "x" * 101):
+        assert not ngshare.NAME.fullmatch(bad), bad

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -32,6 +33,9 @@ URL_VAR = "MULTIGPU_NGSHARE_URL"
 TOKEN_VAR = "JUPYTERHUB_API_TOKEN"
 #: nbgrader's record of when a submission was made (autograde reads it for late penalties)
 STAMP_FILE = "timestamp.txt"
+#: A learner's or an assignment's name as it may become a folder of the course (hub logins may
+#: carry dots, dashes and an @; nothing that climbs or hides a path)
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,99}")
 
 
 class NgshareError(RuntimeError):
@@ -112,11 +116,13 @@ class Ngshare:
         return sorted(self.call("GET", f"/assignments/{self.course_id}")["assignments"])
 
     def submissions(self) -> list[Submission]:
-        """Every submission of every assignment, oldest first within each."""
+        """Every submission of every assignment, oldest first within each; a learner or an
+        assignment whose name could not be a folder of the course is left out."""
         found = []
-        for assignment in self.assignments():
+        for assignment in filter(NAME.fullmatch, self.assignments()):
             listed = self.call("GET", f"/submissions/{self.course_id}/{assignment}")["submissions"]
-            found += sorted((Submission(s["student_id"], assignment, s["timestamp"]) for s in listed),
+            found += sorted((Submission(s["student_id"], assignment, s["timestamp"]) for s in listed
+                             if NAME.fullmatch(s["student_id"])),
                             key=lambda s: s.timestamp)
         return found
 
