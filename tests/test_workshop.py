@@ -191,7 +191,7 @@ def test_a_grading_cut_off_by_a_service_stop_stays_running_and_is_graded_again(t
     hang.write_text("#!/bin/sh\nsleep 60\n")
     hang.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(hang))
-    monkeypatch.setattr(service, "STOPPING", [])
+    monkeypatch.setattr(service, "STOPPING", threading.Event())
     job, out = q.take(), []
     grading = threading.Thread(target=lambda: out.append(service.grade_one(hub, q, job, timeout=60)))
     grading.start()

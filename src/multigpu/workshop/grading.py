@@ -94,25 +94,23 @@ def collect(hub: Hub, job: Job) -> Path:
     from multigpu.grading.rules import RESULT_FILE
 
     dest = hub.course / "submitted" / job.student / job.assignment
-    source = ngshare.Ngshare.from_env()
-    if source is not None:
-        if dest.exists():
-            shutil.rmtree(dest)
-        try:
-            source.download(submission(job), dest, skip=(RESULT_FILE, ".ipynb_checkpoints"))
-        except ngshare.NgshareError as e:
-            raise JobFailed(f"the submission could not be read from the exchange ({e}): submit again, "
-                            "or ask the instructor") from None
-        return dest
     src = hub.inbound / job.submission
-    if not src.is_dir():
+    source = ngshare.Ngshare.from_env()
+    if source is None and not src.is_dir():
         raise JobFailed(f"the submission {job.submission} is no longer in the exchange: submit again")
-    if not submitter_matches(src, job.student):
+    if source is None and not submitter_matches(src, job.student):
         raise JobFailed(f"this submission carries the name {job.student!r} but was made by another account: not graded")
     if dest.exists():
         shutil.rmtree(dest)
-    # a grading result comes from the grader's own run, never from a submission
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(RESULT_FILE, ".ipynb_checkpoints"), symlinks=False)
+    left_out = (RESULT_FILE, ".ipynb_checkpoints")  # a grading result comes from the grader's own run
+    if source is None:
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*left_out), symlinks=False)
+        return dest
+    try:
+        source.download(submission(job), dest, skip=left_out)
+    except ngshare.NgshareError as e:
+        raise JobFailed(f"the submission could not be read from the exchange ({e}): submit again, "
+                        "or ask the instructor") from None
     return dest
 
 

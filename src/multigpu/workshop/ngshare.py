@@ -4,8 +4,9 @@ On one box the grading service reads nbgrader's file exchange, the folders learn
 On Kubernetes no pod shares a folder with the learners' servers: submissions live in ngshare
 (``deploy/kubernetes/ngshare.yaml``), behind the hub's login. With ``$MULTIGPU_NGSHARE_URL`` set
 the service calls ngshare's REST API with its own hub token (``$JUPYTERHUB_API_TOKEN``), as one of
-the course's instructors (the instructor adds it once: ``ngshare-course-management
-add_instructor multigpu grading``):
+the course's instructors (the instructor adds it once, with the name and address ngshare wants
+of every instructor: ``ngshare-course-management add_instructor multigpu grading -f Grading -l
+Service -e grading@localhost``):
 
 - :meth:`Ngshare.submissions`: every (learner, assignment, timestamp) submitted so far;
 - :meth:`Ngshare.download`: one submission's files into a folder, every path checked so that
@@ -57,7 +58,7 @@ class Submission:
 def safe_path(root: Path, path: str) -> Path:
     """``root / path`` for a relative path with no ``..``; :class:`NgshareError` for any other."""
     parts = PurePosixPath(path).parts
-    if not parts or PurePosixPath(path).is_absolute() or any(p in ("..", "") for p in parts) or "\\" in path:
+    if not parts or PurePosixPath(path).is_absolute() or ".." in parts or "\\" in path:
         raise NgshareError(f"a file named {path!r} in a submission: refused (only paths inside the assignment)")
     return root.joinpath(*parts)
 

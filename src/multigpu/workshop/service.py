@@ -17,6 +17,7 @@ import html
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,9 @@ GRADING_TIMEOUT_S = 3600
 
 #: The grading child process now running (at most one), so a stop of the service stops it too.
 RUNNING: dict[int, Any] = {}
-#: Set by :func:`stop` before it kills the grading under way: that job stays ``running`` in the
+#: Set by :func:`halt` before it kills the grading under way: that job stays ``running`` in the
 #: queue (graded again at the next start), not ``failed`` as a grading that died by itself.
-STOPPING: list[int] = []
+STOPPING = threading.Event()
 
 
 def grading_cores() -> set[int] | None:
@@ -80,7 +81,7 @@ def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADI
     finally:
         RUNNING.pop(job.id, None)
     after = queue.get(job.id)
-    if after is not None and after.state == "running" and not STOPPING:
+    if after is not None and after.state == "running" and not STOPPING.is_set():
         code = result.returncodes[0]
         if code is None or result.timed_out:
             message = (f"the grading took longer than {timeout:.0f} s and was stopped; your submission is kept: "
@@ -224,7 +225,7 @@ def halt(signum: int) -> None:
     queue, so the next start grades it again from the start (:meth:`jobs.Queue.recover`)."""
     from multigpu.running import launch
 
-    STOPPING.append(signum)
+    STOPPING.set()
     launch.kill_sessions(list(RUNNING.values()))
 
 
