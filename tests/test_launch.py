@@ -207,3 +207,26 @@ def test_worker_errors_reads_mpichs_rank_labels():
     msg = launch.worker_errors(output)
     assert msg.startswith("Rank 1 failed with: NotImplementedError")
     assert "average_metric" in msg and "shut down" not in msg and "BAD TERMINATION" not in msg
+
+
+@pytest.mark.slow
+def test_killing_a_job_kills_what_it_started_in_sessions_of_its_own(tmp_path):
+    """A grading job starts nbgrader with start() (its own session): stopping the job stops it too."""
+    import os
+
+    pidfile = tmp_path / "grandchild"
+    script = ("import subprocess, sys, time\n"
+              "g = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+              f"open({str(pidfile)!r}, 'w').write(str(g.pid))\n"
+              "time.sleep(60)\n")
+    job = supervisor.start([sys.executable, "-c", script], env=dict(os.environ))
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(pidfile.read_text())
+    supervisor.kill_sessions([job])
+    time.sleep(0.5)
+    import psutil
+
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE, \
+        "a process the job started in its own session outlived the job"

@@ -67,14 +67,31 @@ def start(argv: Sequence[str], *, env: dict[str, str], cwd: str | os.PathLike | 
                             start_new_session=True, preexec_fn=pin)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process ``pid`` started, and theirs, whatever session they run in."""
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def kill_sessions(procs: Sequence[subprocess.Popen]) -> None:
-    """Kill each process's whole session (its children too: horovodrun starts the workers)."""
+    """Kill each process's whole session (horovodrun's workers with it) and every process it
+    started in a session of its own (a grading job's nbgrader, a job's own :func:`start`)."""
     for p in procs:
         if p.poll() is None:
+            started = descendants(p.pid)  # before the kill: orphans cannot be traced back
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 p.kill()
+            for pid in started:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
     wait_for_exit(procs)
 
 
