@@ -17,7 +17,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: sandbox-deps help setup lab lab-instructor test test-fast lint data info release check-release \
         clean-notebooks check-notebooks course bench test-deps calibrate collect autograde feedback \
-        grades certificates grade-me clean browser-deps test-browser
+        grades certificates grade-me clean browser-deps test-browser gpu-check
 
 help:
 	@echo "make lab             start JupyterLab on the course (learner view; builds the environment first)"
@@ -33,6 +33,7 @@ help:
 	@echo "make test-deps       install what the browser tests need (Debian chromium, playwright)"
 	@echo "make test-browser    end-to-end test of the learner view in headless Chromium (make browser-deps installs it)"
 	@echo "make bench           speed, scaling efficiency and grading cost against their targets (bench/results.md)"
+	@echo "make gpu-check       on a GPU machine: every path a GPU changes, run once (bench/gpu-check.md)"
 	@echo "make grade-me        the official grader's verdict on assessments/train.py"
 	@echo "instructor: make collect SUBMISSIONS=dir|zip, autograde, feedback, grades, certificates"
 
@@ -166,6 +167,13 @@ calibrate: $(STAMP)
 # make bench BENCH_ARGS="--quick --only pipeline scaling" for a 2-minute look)
 bench: $(STAMP)
 	$(BIN)/multigpu bench $(BENCH_ARGS)
+
+# every path a GPU changes, run once on this GPU machine (about 8 min on one GPU): bench/gpu-check.md;
+# RECORD=1 makes the notebooks' figures the GPU reference run; without CUDA it says so and stops
+# (GPU_CHECK_ARGS=--rehearse runs the same checks on the CPU). A GPU machine without a package
+# index: tools/gpu_check_bundle.sh here, then tools/gpu_check_device.sh there (docs/gpu-check.md)
+gpu-check: $(STAMP)
+	$(BIN)/multigpu gpu-check $(if $(RECORD),--record) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf grading/submitted grading/autograded grading/feedback .pytest_cache

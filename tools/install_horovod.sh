@@ -8,7 +8,8 @@
 # rebuilds. CPU operations over MPI (the venv's MPICH, from the `mpich` package: shared memory
 # between workers, what a plain `horovodrun` uses) and Gloo (`horovodrun --gloo`, `horovod.run`);
 # NCCL GPU operations are added when torch has CUDA and nvcc is on PATH.
-# Environment: MULTIGPU_CACHE (default ~/.cache/multigpu), HOROVOD_REBUILD=1 to ignore the cache.
+# Environment: MULTIGPU_CACHE (default ~/.cache/multigpu), HOROVOD_REBUILD=1 to ignore the cache,
+# MULTIGPU_HOROVOD_FLAVOUR=cpu to build without NCCL where nvcc is present.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -41,6 +42,9 @@ print(torch.__version__.split("+")[0], torch.version.cuda or "none", f"cp{sys.ve
 
 flavour=cpu
 if [ "$cuda_version" != none ] && command -v nvcc >/dev/null 2>&1; then flavour=cuda; fi
+# MULTIGPU_HOROVOD_FLAVOUR=cpu: Horovod's CPU operations only, also beside CUDA (a fallback when
+# the NCCL build fails: Horovod then all-reduces CUDA tensors through host memory)
+flavour=${MULTIGPU_HOROVOD_FLAVOUR:-$flavour}
 patch_hash=$(sha256sum "$patch_file" | cut -c1-8)
 cache=${MULTIGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/multigpu}/wheels/horovod-$HOROVOD_VERSION-torch$torch_version-$py_tag-$flavour-mpi-gloo-patch$patch_hash
 mkdir -p "$cache"

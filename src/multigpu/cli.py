@@ -6,6 +6,7 @@
     multigpu release [--check | --gradebook | --collect PATH | --assignments]
                                   learner copies, gradebook, collected submissions (multigpu.course.release)
     multigpu bench [ARGS]         performance figures against their targets (multigpu.course.bench)
+    multigpu gpu-check [ARGS]     every path a GPU changes, run once, with a report (multigpu.course.gpucheck)
     multigpu grade / calibrate / regrade / review / similarity     the assessment's grading (multigpu.grading)
     multigpu keygen / certify / verify / revoke / publish-issuer   certificates (docs/certificates.md)
     multigpu workshop VERB        a workshop on one JupyterHub (multigpu.workshop, docs/workshop.md)
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     # verbs whose module parses its own arguments (main() hands them over before parsing)
     sub.add_parser("release", help="learner copies from solutions/, the gradebook, collecting submissions")
     sub.add_parser("bench", help="performance figures against their targets (make bench)")
+    sub.add_parser("gpu-check", help="every path a GPU changes, run once, with a report (make gpu-check)")
 
     from multigpu.grading import cli as grading_cli
 
@@ -95,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: ``multigpu VERB ARGS``: the module whose ``main(ARGS)`` runs the verb.
-DELEGATED = {"release": "multigpu.course.release", "bench": "multigpu.course.bench", "workshop": "multigpu.workshop.cli"}
+DELEGATED = {"release": "multigpu.course.release", "bench": "multigpu.course.bench",
+             "gpu-check": "multigpu.course.gpucheck", "workshop": "multigpu.workshop.cli"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,11 @@ computed from both. The reference figures live in ``reference_runs/<notebook ste
 ``beside("03-horovod", "scaling_efficiency_2", 0.84)`` then says
 "your run: 0.84 x ideal; the reference run (2-core CPU ..., 2026-11-25): 0.89 x ideal (yours is
 0.94 x the reference)". Update a notebook's file after a reference run with ``record(...)``.
+
+GPU reference runs (``make gpu-check RECORD=1`` on a GPU machine) live beside the CPU ones, in
+``reference_runs/gpu/<notebook stem>.json``, the device's name in their machine. A notebook in GPU
+mode (``devices.detect()``: CUDA seen and not forced off) prints the GPU figure where one was
+recorded and the CPU one otherwise; each sentence names the machine its reference ran on.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from importlib import resources
 from pathlib import Path
 
 FOLDER = "reference_runs"
+#: The GPU reference runs' folder inside :data:`FOLDER`.
+GPU_FOLDER = "gpu"
 
 #: Set (to the command that runs the notebooks) to make :func:`show` record the run as the new
 #: reference instead of comparing with it: ``multigpu bench --only course --record-reference``.
@@ -49,11 +56,32 @@ def _path(notebook: str) -> Path:
     return Path(str(resources.files("multigpu.figures").joinpath(FOLDER, f"{notebook}.json")))
 
 
-def load(notebook: str) -> dict[str, Figure]:
-    """Every reference figure of one notebook (by its file stem, e.g. ``"01-gd-vs-sgd"``)."""
+def gpu_path(notebook: str) -> Path:
+    """Where the GPU reference run of ``notebook`` lives (beside the CPU one's file)."""
+    return _path(notebook).parent / GPU_FOLDER / f"{notebook}.json"
+
+
+def current_mode() -> str:
+    """``"gpu"`` or ``"cpu"``: the mode this process's notebook runs in."""
+    from multigpu.core import devices
+
+    return devices.detect().mode
+
+
+def load(notebook: str, mode: str | None = None) -> dict[str, Figure]:
+    """Every reference figure of one notebook (by its file stem, e.g. ``"01-gd-vs-sgd"``): the CPU
+    run's, each replaced by the GPU run's where ``mode`` (default: :func:`current_mode`) is GPU
+    and a GPU run recorded it."""
     path = _path(notebook)
     if not path.exists():
         raise FileNotFoundError(f"no reference run for {notebook!r}: {path} is missing")
+    figures = _read(path)
+    if (mode or current_mode()) == "gpu" and gpu_path(notebook).exists():
+        figures.update(_read(gpu_path(notebook)))
+    return figures
+
+
+def _read(path: Path) -> dict[str, Figure]:
     raw = json.loads(path.read_text())
     return {
         key: Figure(
@@ -100,7 +128,7 @@ def show(notebook: str, key: str, yours: float, fmt: str = ".2f") -> None:
     if command:
         ref = figure(notebook, key)
         record(notebook, key, float(yours), unit=ref.unit, what=ref.what, machine=this_machine(),
-               date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), command=command)
+               date=datetime.now(timezone.utc).strftime("%Y-%m-%d"), command=command, mode=current_mode())
     print(beside(notebook, key, yours, fmt))
 
 
@@ -116,9 +144,11 @@ def this_machine() -> str:
 
 
 def record(notebook: str, key: str, value: float, *, unit: str, what: str, machine: str, date: str,
-           command: str, folder: Path | None = None) -> Path:
-    """Write (or replace) one reference figure; the machine, date and command apply to the file."""
-    path = (folder / f"{notebook}.json") if folder else _path(notebook)
+           command: str, folder: Path | None = None, mode: str = "cpu") -> Path:
+    """Write (or replace) one reference figure; the machine, date and command apply to the file
+    (the GPU run's file where ``mode`` is ``"gpu"``)."""
+    path = (folder / f"{notebook}.json") if folder else gpu_path(notebook) if mode == "gpu" else _path(notebook)
+    path.parent.mkdir(parents=True, exist_ok=True)
     raw = json.loads(path.read_text()) if path.exists() else {"figures": {}}
     raw.update(machine=machine, date=date, command=command)
     raw["figures"][key] = {"value": value, "unit": unit, "what": what}
