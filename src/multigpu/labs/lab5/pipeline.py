@@ -72,28 +72,27 @@ def in_flight(order: Sequence[Op]) -> list[int]:
 
 
 def order_problems(order: Sequence[Op], stage: int, stages: int, micro_batches: int) -> list[str]:
-    """What breaks 1F1B's rules in ``order`` (empty when it is 1F1B's order)."""
+    """What breaks 1F1B's rules in ``order``, each as what to do instead (empty: it is 1F1B's order)."""
     order = [tuple(op) for op in order]  # type: ignore[misc]
     m, want_warmup = micro_batches, min(stages - stage, micro_batches)
+    if sorted(order) != sorted((k, i) for k in "FB" for i in range(m)):
+        return [f"run every micro-batch's forward and backward exactly once: {2 * m} ops, not {len(order)}"]
     problems = []
-    wanted = {(k, i) for k in "FB" for i in range(m)}
-    if sorted(order) != sorted(wanted):
-        problems.append(f"every micro-batch's forward and backward exactly once: want {2 * m} ops, got {len(order)}")
-        return problems
     for kind in "FB":
         seen = [i for k, i in order if k == kind]
         if seen != sorted(seen):
-            problems.append(f"{kind} in micro-batch order 0, 1, 2, ...: got {seen}")
+            problems.append(f"run the {kind} ops in micro-batch order 0, 1, 2, ...: got {seen}")
     position = {op: n for n, op in enumerate(order)}
     early = [i for i in range(m) if position[("B", i)] < position[("F", i)]]
     if early:
-        problems.append(f"a micro-batch's backward after its forward: micro-batch(es) {early} went backward first")
+        problems.append(f"run each micro-batch's backward after its forward: {early} went backward first")
     warmup = next(n for n, (k, _) in enumerate(order) if k == "B")
     if warmup != want_warmup:
-        problems.append(f"warm-up of min(stages - stage, micro_batches) = {want_warmup} forwards, got {warmup}")
-    steady = [k for k, _ in order[warmup:warmup + 2 * (m - want_warmup)]]
-    if not problems and steady != ["B", "F"] * (m - want_warmup):
-        problems.append(f"then one backward and one forward in turn until the forwards run out: got {''.join(steady)}")
+        problems.append(f"start with {want_warmup} forwards, min(stages - stage, micro_batches), not {warmup}")
+    steady = "".join(k for k, _ in order[warmup:warmup + 2 * (m - want_warmup)])
+    if not problems and steady != "BF" * (m - want_warmup):
+        problems.append(f"after the warm-up alternate one backward and one forward until the forwards run out: "
+                        f"got {steady}")
     return problems
 
 

@@ -29,6 +29,7 @@ over both its MPI and its Gloo controller; checked in ``tests/test_zero.py``).
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -265,3 +266,63 @@ def compare(shape: Model = Model(), workers: int = 4, steps: int = 3, rounds: in
 def ring_bytes(nbytes: float, workers: int) -> float:
     """What one worker sends in a ring all-reduce of ``nbytes``: ``2 (N-1)/N x nbytes`` (02b)."""
     return 2 * (workers - 1) / workers * nbytes
+
+
+def check_step(step_fn: Callable[..., None], workers: int = 4, shape: Model = Model(), steps: int = 2,
+               timeout: float = 240.0) -> dict[str, float | bool]:
+    """A learner's stage-2 ``step_fn`` against data parallelism on ``workers`` Horovod workers (Gloo):
+    ``ranks_agree``, ``max_weight_diff`` from data parallel's weights after ``steps`` steps,
+    ``state_ratio`` (optimizer state per rank over data parallel's) and ``sent_ratio`` (bytes sent
+    per step, mean over ranks, over data parallel's)."""
+    got = compare(shape, workers, steps, ways=("data parallel", "stage 2"), step_fn=step_fn, timeout=timeout)
+    dp, mine = got["data parallel"], got["stage 2"]
+    return {"ranks_agree": mine["ranks_agree"], "max_weight_diff": mine["max_weight_diff"],
+            "state_ratio": max(mine["state_bytes"]) / max(dp["state_bytes"]),
+            "sent_ratio": statistics.mean(mine["sent"]) / statistics.mean(dp["sent"])}
+
+
+def collectives_worker() -> dict[str, str]:
+    """In each Horovod worker: every collective ZeRO could use, tried on small tensors; "ok" or the error."""
+    import horovod.torch as hvd
+
+    # process sets are declared at init (the first and the second half of the ranks): the job's
+    # size comes from the launcher's environment (horovodrun --gloo, or MPI's)
+    size = int(os.environ.get("HOROVOD_SIZE", os.environ.get("PMI_SIZE", "1")))
+    halves = [hvd.ProcessSet(list(range(size // 2))), hvd.ProcessSet(list(range(size // 2, size)))]
+    hvd.init(process_sets=halves if size >= 2 else None)
+    r, n = hvd.rank(), hvd.size()
+    x = torch.arange(4.0 * n) + r
+    want_sum = torch.stack([torch.arange(4.0 * n) + k for k in range(n)]).sum(0)
+    mine = halves[0] if r < n // 2 else halves[1]
+    tries: dict[str, Callable[[], bool]] = {
+        "allreduce": lambda: torch.equal(hvd.allreduce(x, op=hvd.Sum, name="c.ar"), want_sum),
+        "reducescatter": lambda: torch.equal(hvd.reducescatter(x, op=hvd.Sum, name="c.rs"), want_sum[4 * r:4 * r + 4]),
+        "allgather": lambda: torch.equal(hvd.allgather(torch.full((2,), float(r)), name="c.ag"),
+                                         torch.arange(n).float().repeat_interleave(2)),
+        "grouped_allreduce": lambda: all(torch.equal(t, want_sum) for t in hvd.grouped_allreduce([x, x], op=hvd.Sum, name="c.gar")),
+        "grouped_reducescatter": lambda: all(torch.equal(t, want_sum[4 * r:4 * r + 4]) for t in
+                                             hvd.grouped_reducescatter([x, x], op=hvd.Sum, name="c.grs")),
+        "grouped_allgather": lambda: all(t.numel() == 2 * n for t in
+                                         hvd.grouped_allgather([torch.ones(2), torch.ones(2)], name="c.gag")),
+        "allreduce in a process set": lambda: torch.equal(
+            hvd.allreduce(torch.ones(1), op=hvd.Sum, name=f"c.ps{mine.process_set_id}", process_set=mine),
+            torch.full((1,), float(mine.size()))),
+    }
+    out = {}
+    for name, attempt in tries.items():
+        try:
+            out[name] = "ok" if attempt() else "wrong result"
+        except Exception as exc:  # the error itself is the finding
+            out[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    hvd.allreduce(torch.zeros(1), name="c.end")  # nobody leaves while a peer still needs it
+    return out
+
+
+def collectives(controller: str, workers: int = 4, timeout: float = 120.0) -> dict[str, str]:
+    """Which of Horovod's collectives work on this machine's workers over ``controller`` ("gloo"
+    or "mpi"): per collective, "ok" on every rank, or the first rank's error."""
+    from multigpu.running import launch
+
+    ranks = launch.run_horovod(collectives_worker, workers, horovod_args=(f"--{controller}",),
+                               timeout=timeout, echo=False)
+    return {name: next((r[name] for r in ranks if r[name] != "ok"), "ok") for name in ranks[0]}
