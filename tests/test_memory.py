@@ -73,3 +73,27 @@ def test_mixed_precision_adam_keeps_the_model_in_bfloat16_and_updates_it():
     opt.step()
     assert not torch.equal(model.weight.detach(), before)
     assert all(m.dtype == torch.float32 for m in opt.masters)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_allocator_holds_what_the_tensors_count():
+    """CUDA's allocator, which knows every byte it handed out, against the count from the tensors:
+    after an Adam step of the course model, with the batch and the graph gone, the bytes allocated
+    are the weights, gradients and optimizer state counted (plus at most 1 MB of small buffers)."""
+    from multigpu.core import models
+
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    model = models.build_model("alexnet_small").cuda()
+    opt = memory.make_optimizer("adam", model)
+    x, y = torch.randn(8, 3, 64, 64, device="cuda"), torch.randint(0, 10, (8,), device="cuda")
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    del x, y
+    torch.cuda.synchronize()
+    params = list(model.parameters())
+    counted = (memory.storage_bytes(params) + memory.storage_bytes(p.grad for p in params)
+               + memory.storage_bytes(memory.state_tensors(opt)))
+    held = torch.cuda.memory_allocated() - before
+    assert counted <= held <= counted + 2**20, (counted, held)
+    assert counted == pytest.approx(16 * sum(p.numel() for p in params), rel=1e-4)

@@ -160,7 +160,7 @@ def train_stage3(shape: zero.Model, steps: int, warmup: int = 1) -> dict[str, An
     import horovod.torch as hvd
 
     rank, n = hvd.rank(), hvd.size()
-    model = build_on_rank(shape)
+    model = zero.build(shape)
     sharded = FullyShardedModel(model)
     sent, times = [], []
     for step in range(warmup + steps):
@@ -177,10 +177,6 @@ def train_stage3(shape: zero.Model, steps: int, warmup: int = 1) -> dict[str, An
     return {"weights": sharded.weights(), "state_bytes": sharded.state_bytes(), "sent": sent, "step_s": times,
             "peak_weight_bytes": sharded.memory.peak, "parameters": sum(u.numel for u in sharded.units),
             "largest_unit_bytes": max(u.nbytes for u in sharded.units)}
-
-
-def build_on_rank(shape: zero.Model) -> nn.Sequential:
-    return zero.build(shape)
 
 
 def train_data_parallel(shape: zero.Model, steps: int, warmup: int = 1) -> dict[str, Any]:

@@ -101,8 +101,9 @@ PUBLISHED = (
               "Narayanan et al. 2021 (SC'21), arXiv 2104.04473: Table 1, 1008.0B row (tensor 8, pipeline 64, "
               "3072 GPUs); section 5: DGX A100 nodes of 8 x 80 GB A100"),
     Published("BLOOM 176B (2022)", 176e9, 8, 48, 80e9, 4, 12, 8, 1,
-              "BigScience, arXiv 2211.05100, section 3.4 (48 nodes of 8 A100 80 GB, Megatron-DeepSpeed, ZeRO stage 1); "
-              "degrees from the run's own README (bigscience train/tr11-176B-ml, 'Replica setup': TP=4, PP=12, DP=8)"),
+              "BigScience, arXiv 2211.05100 (the model); its training's README, bigscience-workshop/bigscience "
+              "train/tr11-176B-ml: 'Hardware' (48 nodes of 8 A100 80 GB), 'Replica setup' (TP=4, PP=12, DP=8), "
+              "'Deepspeed config' (the BF16 optimizer's own ZeRO stage 1)"),
     Published("Llama 3 405B (2024)", 405e9, 8, 2048, 80e9, 8, 16, 128, 2,
               "Llama Team, arXiv 2407.21783: section 3.3.1 (H100 80 GB, 8 per server), section 3.3.2 and Table 4 "
               "(16,384 GPUs: TP 8, CP 1, PP 16, DP 128); its FSDP shards optimizer states and gradients and does "

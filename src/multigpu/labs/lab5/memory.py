@@ -165,10 +165,11 @@ def state_tensors(optimizer: Any) -> list[torch.Tensor]:
 
 
 def measure_state(build: Callable[[], nn.Module], optimizer: str, inputs: torch.Tensor,
-                  targets: torch.Tensor) -> dict[str, float]:
-    """One training step of ``build()`` with ``optimizer`` on a batch; the bytes of each kind,
-    counted from the tensors after the step (activations: saved by the forward pass)."""
-    model = build()
+                  targets: torch.Tensor, device: str | torch.device = "cpu") -> dict[str, float]:
+    """One training step of ``build()`` with ``optimizer`` on a batch, on ``device``; the bytes of
+    each kind, counted from the tensors after the step (activations: saved by the forward pass)."""
+    model = build().to(device)
+    inputs, targets = inputs.to(device), targets.to(device)
     opt = make_optimizer(optimizer, model)
     dtype = next(model.parameters()).dtype
     params = list(model.parameters())

@@ -216,7 +216,6 @@ def compare_worker(shape: Model, steps: int, ways: Sequence[str], rounds: int,
     import horovod.torch as hvd
 
     hvd.init()
-    torch.manual_seed(0)
     out: dict[str, Any] = {way: {"sent": [], "step_s": []} for way in ways}
     for _ in range(rounds):
         for way in ways:
