@@ -645,12 +645,12 @@ WRONG = [
      """, "start with"),
     ("05-sharding-and-model-parallelism", "one_f_one_b", "test_one_f_one_b", """
         def one_f_one_b(stage, stages, micro_batches):
-            warmup = min(stages - stage - 1, micro_batches)  # one forward short: the last stage starts with B0
+            warmup = min(stages - stage - 1, micro_batches)  # one forward short (the last stage would start with B0)
             order = [("F", i) for i in range(warmup)]
             for i in range(micro_batches - warmup):
                 order += [("B", i), ("F", warmup + i)]
             return order + [("B", i) for i in range(micro_batches - warmup, micro_batches)]
-     """, "run each micro-batch's backward after its forward"),
+     """, "start with 4 forwards"),
     ("05-sharding-and-model-parallelism", "one_f_one_b", "test_one_f_one_b", """
         def one_f_one_b(stage, stages, micro_batches):
             warmup = min(stages - stage, micro_batches)

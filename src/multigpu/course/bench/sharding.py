@@ -20,19 +20,23 @@ def per_step(row: dict[str, Any], key: str, combine: Any) -> list[float]:
 def bench_sharding(plan: Plan, deadline: float) -> Section:
     """ZeRO stages 1 and 2 (:mod:`multigpu.labs.lab5.zero`) and stage 3 by hand
     (:mod:`multigpu.labs.lab5.fully_sharded`) beside data parallelism, each in one Horovod job of
-    4 workers over Gloo, the ways interleaved round by round; ratios of steps measured side by side."""
+    4 workers over Gloo, the ways interleaved round by round; ratios of steps measured side by side;
+    and the three collectives alone, timed against each other (where stage 2's step time goes)."""
     from multigpu.labs.lab5 import fully_sharded, zero
 
     section = Section("sharding", f"The sharded optimizer (Lab 5) against plain data parallelism, "
                                   f"{SHARDING_WORKERS} Horovod workers over Gloo")
     rounds, shape = plan.scaling_repeats, zero.Model()
-    with steps("sharding", 2) as log:
+    with steps("sharding", 3) as log:
         log.starting(f"data parallel, stage 1, stage 2: {rounds} round(s) of {SHARDING_STEPS} steps")
         z = zero.compare(shape, SHARDING_WORKERS, SHARDING_STEPS, rounds, timeout=600)
         log.finished(f"stage 2 sent {statistics.mean(z['stage 2']['sent']) / statistics.mean(z['data parallel']['sent']):.2f} x")
         log.starting(f"data parallel, stage 3: {rounds} round(s) of {SHARDING_STEPS} steps")
         s3 = fully_sharded.compare(shape, SHARDING_WORKERS, SHARDING_STEPS, rounds, timeout=600)
         log.finished(f"stage 3 sent {statistics.mean(s3['stage 3']['sent']) / statistics.mean(s3['data parallel']['sent']):.2f} x")
+        log.starting("the collectives alone: all-reduce, reduce-scatter and all-gather of the gradient")
+        ops = zero.collective_times(z["data parallel"]["parameters"], SHARDING_WORKERS, 3 * rounds, timeout=300)
+        log.finished(f"reduce-scatter / all-reduce {statistics.median(paired(ops['reducescatter'], ops['allreduce'])):.2f} x")
     dp, one, two, dp3, three = z["data parallel"], z["stage 1"], z["stage 2"], s3["data parallel"], s3["stage 3"]
     ring = zero.ring_bytes(dp["gradient_bytes"], SHARDING_WORKERS)
     section.notes += [
@@ -65,7 +69,10 @@ def bench_sharding(plan: Plan, deadline: float) -> Section:
                paired(per_step(three, "step_s", max), per_step(dp3, "step_s", max))),
         Figure("peak weights held per rank, stage 3 / data parallel", "ratio",
                [max(three["peak_weight_bytes"]) / max(dp3["peak_weight_bytes"])],
-               note="the shards plus the largest layer, here most of the model"),
+               note="the shards plus the largest layer in use"),
+        Figure("reduce-scatter / all-reduce of the same gradient, time", "ratio", paired(ops["reducescatter"], ops["allreduce"]),
+               note="Horovod's collectives alone, the slowest rank's"),
+        Figure("all-gather of the shards / all-reduce, time", "ratio", paired(ops["allgather"], ops["allreduce"])),
         Figure("training step, data parallel (slowest rank)", "ms", [1e3 * t for t in per_step(dp, "step_s", max)]),
         Figure("training step, stage 2 (slowest rank)", "ms", [1e3 * t for t in per_step(two, "step_s", max)]),
     ]

@@ -325,3 +325,36 @@ def collectives(controller: str, workers: int = 4, timeout: float = 120.0) -> di
     ranks = launch.run_horovod(collectives_worker, workers, horovod_args=(f"--{controller}",),
                                timeout=timeout, echo=False)
     return {name: next((r[name] for r in ranks if r[name] != "ok"), "ok") for name in ranks[0]}
+
+
+def collective_times_worker(numel: int, reps: int) -> dict[str, list[float]]:
+    """In each Horovod worker: ``reps`` timed rounds of an all-reduce and a reduce-scatter of the
+    same ``numel`` floats and an all-gather of its 1/N slices, interleaved, after one untimed round."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    x, n = torch.ones(numel), hvd.size()
+    ops: dict[str, Callable[[], Any]] = {
+        "allreduce": lambda: hvd.allreduce(x, op=hvd.Average, name="t.ar"),
+        "reducescatter": lambda: hvd.reducescatter(x, op=hvd.Average, name="t.rs"),
+        "allgather": lambda: hvd.allgather(x[:numel // n], name="t.ag"),
+    }
+    times: dict[str, list[float]] = {name: [] for name in ops}
+    for rep in range(reps + 1):
+        for name, op in ops.items():
+            hvd.allreduce(torch.zeros(1), name="t.barrier")
+            t0 = time.perf_counter()
+            op()
+            if rep:
+                times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def collective_times(numel: int, workers: int = 4, reps: int = 10, controller: str = "gloo",
+                     timeout: float = 300.0) -> dict[str, list[float]]:
+    """Per collective, the slowest rank's time of each round (seconds), on ``workers`` Horovod workers."""
+    from multigpu.running import launch
+
+    ranks = launch.run_horovod(collective_times_worker, workers, args=(numel, reps),
+                               horovod_args=(f"--{controller}",), timeout=timeout, echo=False)
+    return {name: [max(r[name][k] for r in ranks) for k in range(reps)] for name in ranks[0]}
