@@ -161,3 +161,20 @@ def test_quick_bench_measures_pipeline_and_scaling(repo, tmp_path):
     assert figures["pipeline / bound"]["met"] == (figures["pipeline / bound"]["median"] >= 0.9)
     for n in (1, 2, 4):
         assert figures[f"Horovod, {n} worker(s)"]["median"] > 0 and figures[f"DDP, {n} worker(s)"]["median"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_sharding_section_measures_zero_against_data_parallelism_side_by_side():
+    """Lab 5's section on 4 real Horovod workers (quick plan: one round): the state, bytes and
+    time ratios, paired step by step; the state and bytes targets met (counts, not timings)."""
+    section = bench.SECTIONS["sharding"](bench.QUICK, float("inf"))
+    assert section.status == "ok" and "sharding" in bench.SECTION_NAMES
+    figures = {f.name: f for f in section.figures}
+    assert figures["optimizer state per rank, stage 2 / data parallel"].met is True
+    assert figures["bytes per step, stage 2 / data parallel"].met is True
+    assert figures["bytes per step, stage 3 / data parallel"].met is True
+    assert figures["bytes per step, stage 1 (all-reduce + all-gather) / data parallel"].spread.median == pytest.approx(1.5, abs=0.05)
+    steps = figures["step time, stage 2 / data parallel"]
+    assert steps.target == bench.Target("<=", 1.3) and len(steps.samples) == 3  # 1 round of 3 steps, paired
+    assert all(math.isfinite(x) and x > 0 for f in section.figures for x in f.samples)

@@ -89,7 +89,27 @@ CONTEXT = {
         def expected_spot_hours(hours, interruptions_per_hour, checkpoint_every=None):  # Exercise 6, answered
             return costs.expected_hours_with_interruptions(hours, interruptions_per_hour, checkpoint_every=checkpoint_every)
     """,
+    "05-sharding-and-model-parallelism": """
+        import math
+        import statistics
+
+        import horovod.torch as hvd
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+
+        from multigpu.labs.lab5 import memory, pipeline, tensor_parallel, zero
+
+        WORKERS, TIMEOUT = 4, 300
+    """,
 }
+
+
+def parallel_mlp_with(old: str, new: str) -> str:
+    """Lab 5's split MLP (the solution cell) with one piece replaced: a wrong answer."""
+    right = cell("05-sharding-and-model-parallelism", "parallel_mlp")
+    assert old in right, f"the solution's parallel_mlp has no {old!r}"
+    return right.replace(old, new)
 
 
 def cell(notebook: str, grade_id: str) -> str:
@@ -547,6 +567,98 @@ WRONG = [
                 k *= 2
             return k
      """, "fit each GPU's share plus activation_bytes"),
+    ("05-sharding-and-model-parallelism", "bytes_per_device", "test_bytes_per_device", """
+        def bytes_per_device(parameters, stage, workers, optimizer="mixed adam"):
+            n = workers  # 2 + 2 + 12 whatever the optimizer
+            return parameters * {0: 16, 1: 4 + 12 / n, 2: 2 + 14 / n, 3: 16 / n}[stage]
+     """, "look up the optimizer's (w, g, k) in memory.OPTIMIZER_BYTES"),
+    ("05-sharding-and-model-parallelism", "bytes_per_device", "test_bytes_per_device", """
+        def bytes_per_device(parameters, stage, workers, optimizer="mixed adam"):
+            w, g, k = memory.OPTIMIZER_BYTES[optimizer]
+            if stage == 0:
+                return parameters * (w + g + k)
+            if stage == 3:
+                return parameters * (w + g + k) / workers
+            return parameters * (w + (g + k) / workers)  # stages 1 and 2 alike: the gradients sharded at stage 1
+     """, "at stage 1 divide only the optimizer state by workers"),
+    ("05-sharding-and-model-parallelism", "bytes_per_device", "test_bytes_per_device", """
+        def bytes_per_device(parameters, stage, workers, optimizer="mixed adam"):
+            w, g, k = memory.OPTIMIZER_BYTES[optimizer]
+            n = workers  # stage 3 taken for stage 2: the weights left whole
+            return parameters * {0: w + g + k, 1: w + g + k / n, 2: w + (g + k) / n, 3: w + (g + k) / n}[stage]
+     """, "at stage 3 divide everything by workers, the weights too"),
+    ("05-sharding-and-model-parallelism", "sharded_step", "test_sharded_step", """
+        def sharded_step(flat_params, flat_grad, shard, optimizer):
+            shard.grad = hvd.reducescatter(flat_grad, op=hvd.Sum, name="zero.gradient")  # summed, not averaged
+            optimizer.step()
+            flat_params.copy_(hvd.allgather(shard.detach(), name="zero.weights"))
+     """, "average the gradient over the workers before the step"),
+    ("05-sharding-and-model-parallelism", "sharded_step", "test_sharded_step", """
+        def sharded_step(flat_params, flat_grad, shard, optimizer):
+            s = shard.numel()  # every rank's own gradient, never reduced
+            shard.grad = flat_grad[hvd.rank() * s:(hvd.rank() + 1) * s].clone()
+            optimizer.step()
+            flat_params.copy_(hvd.allgather(shard.detach(), name="zero.weights"))
+     """, "average the gradient over the workers before the step"),
+    ("05-sharding-and-model-parallelism", "sharded_step", "test_sharded_step", """
+        def sharded_step(flat_params, flat_grad, shard, optimizer):
+            shard.grad = hvd.reducescatter(flat_grad, op=hvd.Average, name="zero.gradient")
+            optimizer.step()
+            s = shard.numel()  # only this rank's slice of the weights updated
+            flat_params[hvd.rank() * s:(hvd.rank() + 1) * s].copy_(shard.detach())
+     """, "all-gather the updated shards into flat_params"),
+    ("05-sharding-and-model-parallelism", "sharded_step", "test_sharded_step", """
+        def sharded_step(flat_params, flat_grad, shard, optimizer):
+            s = shard.numel()  # an all-reduce of the whole gradient for one slice of it
+            full = hvd.allreduce(flat_grad, op=hvd.Average, name="zero.gradient")
+            shard.grad = full[hvd.rank() * s:(hvd.rank() + 1) * s].clone()
+            optimizer.step()
+            flat_params.copy_(hvd.allgather(shard.detach(), name="zero.weights"))
+     """, "reduce-scatter the gradient (hvd.reducescatter) rather than all-reduce it"),
+    ("05-sharding-and-model-parallelism", "parallel_mlp", "test_parallel_mlp",
+     parallel_mlp_with("    return ReduceFromParallel.apply(F.linear(h, w2)) + b2",
+                       "    return ReduceFromParallel.apply(F.linear(h, w2, b2))  # b2 inside the sum"),
+     "add b2 once, after the all-reduce"),
+    ("05-sharding-and-model-parallelism", "parallel_mlp", "test_parallel_mlp",
+     parallel_mlp_with("        x = x.clone()\n        dist.all_reduce(x)\n        return x",
+                       "        return x.clone()  # the partial outputs never summed"),
+     "all-reduce the row-parallel layer's partial outputs"),
+    ("05-sharding-and-model-parallelism", "parallel_mlp", "test_parallel_mlp",
+     parallel_mlp_with("        grad = grad.clone()\n        dist.all_reduce(grad)\n        return grad",
+                       "        return grad  # each worker's partial gradient of x"),
+     "all-reduce the input's gradient in CopyToParallel's backward"),
+    ("05-sharding-and-model-parallelism", "parallel_mlp", "test_parallel_mlp",
+     parallel_mlp_with("    def backward(ctx, grad):\n        ### BEGIN SOLUTION\n        return grad",
+                       "    def backward(ctx, grad):\n        grad = grad.clone()\n        dist.all_reduce(grad)  # g's backward summing what is already whole\n        return grad"),
+     "pass the gradient through ReduceFromParallel's backward unchanged"),
+    ("05-sharding-and-model-parallelism", "one_f_one_b", "test_one_f_one_b", """
+        def one_f_one_b(stage, stages, micro_batches):
+            return pipeline.gpipe_order(stage, stages, micro_batches)  # all forwards, then all backwards
+     """, "start with"),
+    ("05-sharding-and-model-parallelism", "one_f_one_b", "test_one_f_one_b", """
+        def one_f_one_b(stage, stages, micro_batches):
+            warmup = min(stages - 1, micro_batches)  # the same warm-up on every stage
+            order = [("F", i) for i in range(warmup)]
+            for i in range(micro_batches - warmup):
+                order += [("B", i), ("F", warmup + i)]
+            return order + [("B", i) for i in range(micro_batches - warmup, micro_batches)]
+     """, "start with"),
+    ("05-sharding-and-model-parallelism", "one_f_one_b", "test_one_f_one_b", """
+        def one_f_one_b(stage, stages, micro_batches):
+            warmup = min(stages - stage - 1, micro_batches)  # one forward short (the last stage would start with B0)
+            order = [("F", i) for i in range(warmup)]
+            for i in range(micro_batches - warmup):
+                order += [("B", i), ("F", warmup + i)]
+            return order + [("B", i) for i in range(micro_batches - warmup, micro_batches)]
+     """, "start with 4 forwards"),
+    ("05-sharding-and-model-parallelism", "one_f_one_b", "test_one_f_one_b", """
+        def one_f_one_b(stage, stages, micro_batches):
+            warmup = min(stages - stage, micro_batches)
+            order = [("F", i) for i in range(warmup)]
+            for i in range(micro_batches - warmup):
+                order += [("B", i), ("F", warmup + i)]
+            return order  # the cool-down forgotten
+     """, "run every micro-batch's forward and backward exactly once"),
 ]
 
 

@@ -100,6 +100,7 @@ LAYERS = (
     ("multigpu.core",),
     ("multigpu.running",),
     ("multigpu.labs.lab1",), ("multigpu.labs.lab2",), ("multigpu.labs.lab3",), ("multigpu.labs.lab4",),
+    ("multigpu.labs.lab5",),
     ("multigpu.figures",),
     ("multigpu.grading",),
     ("multigpu.course", "multigpu.workshop"),

@@ -22,7 +22,7 @@ from pathlib import Path
 DEFAULT_ROOT = "/srv/multigpu"
 #: nbgrader's course id on the hub (the exchange's folder, the learners' Assignments tab).
 COURSE_ID = "multigpu"
-#: The assessment's assignment on the hub (the labs are lab-00 ... lab-04).
+#: The assessment's assignment on the hub (the labs are lab-00 ... lab-05).
 ASSESSMENT = "assessment"
 #: Unix groups: every learner account, the instructor accounts.
 LEARNERS_GROUP = "multigpu-learners"

@@ -21,9 +21,14 @@ Sections, run in this order (``--only`` picks some):
   (:mod:`multigpu.labs.lab4.links`), and measured / predicted by the link-only model. No target: it
   shows where the link, not the CPU, sets the time. Skipped, with the reason, where user
   namespaces are not allowed.
+- ``sharding``: Lab 5's sharded optimizer (ZeRO stages 1 and 2 over Horovod, and stage 3 by
+  hand) against plain data parallelism on 4 Horovod workers over Gloo, side by side in one job
+  per comparison: optimizer state per rank, bytes each rank sends per step (the kernel's count)
+  and step time, as ratios. Targets: state 0.25 x (1/N); bytes 1.0 x for stage 2 and 1.5 x for
+  stage 3, within 10%; step time <= 1.3 x.
 - ``course``: wall time of every solution notebook run top to bottom (papermill, default
   parameters; ``--quick``: quick parameters, labelled so) and their sum. One run each (n=1).
-  Targets: whole course < 15 min, no notebook > 6 min.
+  Targets: whole course < 23 min, no notebook > 5 min.
 - ``grading``: wall time to grade the reference assessment solution end to end, and the
   projected time of a 30-learner workshop graded one submission after another. Targets: one
   submission <= 3 min (median of 5), the workshop <= 1.5 h. Repeats stop early rather than push
@@ -38,7 +43,7 @@ other section are still written).
 
 The package: :mod:`~multigpu.course.bench.report` (the framework), one module per group of sections
 (:mod:`~multigpu.course.bench.pipeline`, :mod:`~multigpu.course.bench.scaling`,
-:mod:`~multigpu.course.bench.network`, :mod:`~multigpu.course.bench.course`)
+:mod:`~multigpu.course.bench.network`, :mod:`~multigpu.course.bench.sharding`, :mod:`~multigpu.course.bench.course`)
 and, here, the run.
 
 Writes ``OUT/results.json`` (machine, every sample, every figure) and ``OUT/results.md`` (the
@@ -106,6 +111,7 @@ from .scaling import (  # noqa: F401 - the bench's names, importable as multigpu
     bench_levers,
     bench_scaling,
 )
+from .sharding import bench_sharding  # importable as multigpu.course.bench.bench_sharding
 
 # --------------------------------------------------------------------------- the run
 
@@ -116,6 +122,7 @@ SECTIONS: dict[str, Callable[[Plan, float], Section]] = {
     "scaling": bench_scaling,
     "levers": bench_levers,
     "links": bench_links,
+    "sharding": bench_sharding,
     "course": bench_course,
     "grading": bench_grading,
 }
