@@ -14,7 +14,8 @@ why: too few GPUs for the path, say). The checks, in order:
 ``lab0`` ...    the GPU notebooks top to bottom (papermill, default parameters unless ``--quick``):
                 Lab 0 (mode and first all-reduce), Lab 1 and Lab 2b on the GPU, Lab 2's input
                 pipeline and its mixed-precision, ``channels_last`` and ``torch.compile`` steps,
-                Lab 5 (the memory accounting and checkpointing one GPU can show) where it exists
+                Lab 5 (its workers stay CPU processes on every machine: it counts the bytes they
+                send through sockets, which NCCL over NVLink does not use)
 ``pytest-gpu``  the tests marked ``gpu``
 ``grading``     the assessment's ``gpu`` grading profile on the reference solution where 4 GPUs
                 exist; with fewer, the grader's profile choice and why the ``gpu`` profile cannot run
@@ -230,7 +231,7 @@ CHECKS: tuple[Check, ...] = (  # the cheap and the most telling first: a cut-off
     Check("lab2", "Lab 2: pipeline, AMP, channels_last, torch.compile", notebook_check("02-alexnet-pipeline")),
     Check("lab1", "Lab 1 on the GPU", notebook_check("01-gd-vs-sgd")),
     Check("lab2b", "Lab 2b: ring all-reduce", notebook_check("02b-ring-allreduce")),
-    Check("lab5", "Lab 5: memory, sharding, checkpointing", notebook_check("05-")),
+    Check("lab5", "Lab 5 on a GPU machine (its workers stay CPU processes)", notebook_check("05-")),
     Check("grading", "the gpu grading profile", check_grading),
 )
 
