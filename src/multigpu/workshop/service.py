@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,17 @@ def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
             if name in seen:
                 continue
             try:
-                arrivals.append(submissions.check(inbound, name, assignments))
+                arrival, fd = submissions.check(inbound, name, assignments)
             except submissions.NotASubmission as e:
                 owner = submissions.owner_of(inbound, name)
                 queue.ignore(name, owner, str(e))
                 seen.add(name)
                 print(f"grading service: not graded: {name!a} (made by {owner}): {e}", flush=True)
+                continue
+            if submissions.settled(fd, time.time()):
+                arrivals.append((arrival, fd))
+            else:  # still being written: the next scan looks again
+                os.close(fd)
         return take_arrivals(hub, queue, arrivals, seen)
 
 
@@ -98,6 +104,10 @@ def take_arrivals(hub: Hub, queue: jobs.Queue, arrivals: list[tuple[submissions.
             except safefiles.Refused as e:
                 job = queue.add(arrival.name, arrival.student, arrival.assignment, arrival.timestamp, state="failed",
                                 message=f"not graded: {e}. Submit again from the Assignments tab.")
+            except OSError as e:  # changed under the copy: this learner's alone, the others go on
+                job = queue.add(arrival.name, arrival.student, arrival.assignment, arrival.timestamp, state="failed",
+                                message=f"not graded: the submission could not be copied ({e.strerror}). "
+                                "Submit again from the Assignments tab.")
         seen.add(arrival.name)
         new.append(job)
         for old in queue.jobs(arrival.student):

@@ -9,10 +9,11 @@ stops the others:
 - its name must be ``login+assignment+timestamp+random`` (:data:`NAME`) with an assignment the
   instructor released (:func:`released`: in the course and in the exchange's outbound folder,
   both the instructor's), and the folder must be a real folder made by that login's account;
-- the first time it is seen, what it holds is copied (:func:`take`, :mod:`safefiles`: regular
-  files of that account only, under the caps) into ``state/submissions/``, root's, and the folder
-  is closed to everyone but its owner. The grading reads that copy, never the folder again:
-  what is graded is what was there when the submission arrived.
+- once nothing in it has changed for :data:`SETTLE_S` (nbgrader has finished writing it), what
+  it holds is copied (:func:`take`, :mod:`safefiles`: regular files of that account only, under
+  the caps) into ``state/submissions/``, root's, and the folder is closed to everyone but its
+  owner. The grading reads that copy, never the folder again: what is graded is what was there
+  when the submission arrived.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from multigpu.workshop.layout import Hub
 #: A login (``accounts.LOGIN``) and an assignment name (``lab-00`` ... ``assessment``).
 STUDENT = r"[a-z_][a-z0-9_-]{0,30}"
 ASSIGNMENT = r"[a-z0-9][a-z0-9-]{0,30}"
+#: A submission is taken once nothing in its folder changed for this long (seconds).
+SETTLE_S = 2.0
 #: nbgrader's inbound folder name: login, assignment, nbgrader's default timestamp, the random
 #: part nbgrader adds (9 bytes, URL-safe base64, or a longer one).
 NAME = re.compile(rf"(?P<student>{STUDENT})\+(?P<assignment>{ASSIGNMENT})"
@@ -110,6 +113,36 @@ def owner_of(inbound_fd: int, name: str) -> str:
         return _login(os.stat(name, dir_fd=inbound_fd, follow_symlinks=False).st_uid)
     except OSError:
         return "?"
+
+
+def settled(folder_fd: int, now: float) -> bool:
+    """Whether nothing in the folder (its entries, their inode changes included) changed in the
+    last :data:`SETTLE_S` seconds; looks at no more entries than a submission may hold."""
+    pending = [folder_fd]
+    seen = 0
+    try:
+        while pending:
+            fd = pending.pop()
+            if now - os.fstat(fd).st_ctime < SETTLE_S:
+                return False
+            for name in os.listdir(fd):
+                seen += 1
+                if seen > safefiles.SUBMISSION.entries:
+                    return True  # too many to be a submission: the copy refuses it with the reason
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if now - st.st_ctime < SETTLE_S:
+                    return False
+                if stat.S_ISDIR(st.st_mode):
+                    pending.append(os.open(name, safefiles.DIR_FLAGS, dir_fd=fd))
+            if fd != folder_fd:
+                os.close(fd)
+    except OSError:
+        return False
+    finally:
+        for fd in pending:
+            if fd != folder_fd:
+                os.close(fd)
+    return True
 
 
 def copy_path(hub: Hub, name: str) -> Path:
