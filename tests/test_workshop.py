@@ -171,6 +171,31 @@ def test_handing_a_tree_over_changes_links_not_what_they_point_to(tmp_path):
         safefiles.open_dir(tree, "..")
 
 
+def test_an_autograded_notebook_reaches_the_instructor_without_script_but_with_what_grading_reads():
+    import nbformat
+
+    from multigpu.workshop import autograde
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"state": "<script>w()</script>"}
+    nb.cells = [nbformat.v4.new_markdown_cell("mine: <img src=x onerror=steal()> a < b"),
+                nbformat.v4.new_raw_cell("<script>raw()</script>"),
+                nbformat.v4.new_code_cell("1", outputs=[
+                    nbformat.v4.new_output("display_data", data={"text/html": "<script>h()</script>",
+                                                                 "application/javascript": "j()", "image/svg+xml": "<svg/>",
+                                                                 "text/plain": "shown", "image/png": "iVBOR"}),
+                    nbformat.v4.new_output("error", ename="AssertionError", evalue="no", traceback=["no"]),
+                    nbformat.v4.new_output("execute_result", data={"text/plain": "0.5"}, execution_count=1)])]
+    out = autograde.defang(nbformat.writes(nb).encode())
+    for script in ("<img", "<script", "j()", "<svg", "widgets"):
+        assert script not in out, script
+    back = nbformat.reads(out, as_version=4)
+    assert [o["output_type"] for o in back.cells[2].outputs] == ["display_data", "error", "execute_result"]
+    assert back.cells[2].outputs[0]["data"] == {"text/plain": "shown", "image/png": "iVBOR"}
+    assert "steal()" in back.cells[0].source, "the answer is still there, as text"
+    assert nbformat.reads(autograde.defang(b"\xff not a notebook"), as_version=4).cells == []
+
+
 def test_passwords_and_logins():
     pw = accounts.password()
     assert re.fullmatch(r"[a-z2-9]{4}-[a-z2-9]{4}-[a-z2-9]{4}", pw) and not set(pw) & set("01lo")

@@ -23,7 +23,9 @@ The notebook could edit anything in ``course/`` while it ran (the gradebook ther
 the scores are recomputed from the autograded notebooks by nbgrader's own rule
 (``nbgrader.utils.determine_grade``), each capped at the max score the instructor's gradebook
 gives its cell, and the notebooks and feedback come back to the instructor's course through
-``safefiles.copy_tree``. The hidden tests themselves run in the learner's kernel (nbgrader's
+``safefiles.copy_tree``. The autograded notebooks arrive there defanged (:func:`defang`): the
+formgrader shows them to the instructor as HTML on the instructor's own server, where a
+learner's script would act as the instructor. The hidden tests themselves run in the learner's kernel (nbgrader's
 design) and nbgrader shows them in the feedback: they are a check, not a secret.
 """
 
@@ -45,6 +47,8 @@ from multigpu.workshop.layout import Hub
 STEP_TIMEOUT_S = 3600
 #: The most a notebook may weigh when its scores are read back (outputs included).
 MAX_NOTEBOOK_BYTES = safefiles.SUBMISSION.file_bytes
+#: The outputs an autograded notebook keeps in the instructor's course: text and raster images.
+SAFE_OUTPUTS = ("text/plain", "image/png", "image/jpeg")
 
 
 class JobFailed(RuntimeError):
@@ -175,6 +179,33 @@ def take_back(hub: Hub, job: Job, scratch: Path) -> None:
         except (OSError, safefiles.Refused) as e:
             raise JobFailed(f"the {part} notebooks could not be taken back from the grading ({e}): "
                             "your notebook may have changed the grading's own files; ask the instructor") from None
+    for path in (hub.course / "autograded" / job.student / job.assignment).glob("*.ipynb"):
+        path.write_text(defang(safefiles.read_file(path.parent, path.name, max_bytes=MAX_NOTEBOOK_BYTES)))
+
+
+def defang(raw: bytes) -> str:
+    """A learner's notebook as the instructor's tools may render it (nbgrader's formgrader turns it
+    into HTML on the instructor's server): outputs keep only text and raster images (no HTML,
+    JavaScript, SVG, widgets), markdown and raw cells show their HTML as text, no widget state.
+    What grading reads is kept: stream and error outputs, a result's text. A notebook that does
+    not read becomes an empty one."""
+    import html
+
+    import nbformat
+
+    try:
+        nb = nbformat.reads(raw.decode(), as_version=4)
+    except (ValueError, UnicodeDecodeError, AttributeError, KeyError, TypeError):
+        return nbformat.writes(nbformat.v4.new_notebook())
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        if cell.cell_type in ("markdown", "raw"):
+            cell.source = html.escape(cell.source, quote=False)
+            cell.pop("attachments", None)
+        for out in cell.get("outputs", []):
+            if "data" in out:
+                out["data"] = {k: v for k, v in out["data"].items() if k in SAFE_OUTPUTS}
+    return nbformat.writes(nb)
 
 
 def notebook_scores(folder: Path) -> dict[str, dict[str, float]]:
