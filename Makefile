@@ -183,7 +183,8 @@ clean:
 # hub-deps installs, once, what only a hub needs: Node and npm (apt-get), configurable-http-proxy
 # (npm) and a Python environment every learner account can run (HUB_PREFIX) with JupyterHub;
 # `make test` installs none of it (CI runs `make hub-deps` before `make test` to run the hub tests).
-HUB_PREFIX ?= /opt/multigpu-hub
+# (MULTIGPU_HUB_PREFIX in the environment names it too: the hub tests read that variable)
+HUB_PREFIX ?= $(or $(MULTIGPU_HUB_PREFIX),/opt/multigpu-hub)
 HUB_ROOT   ?= /srv/multigpu
 HUB_IP     ?= 127.0.0.1
 HUB_PORT   ?= 8000
@@ -212,7 +213,8 @@ hub-queue:
 hub-stop:
 	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop stop
 
-# the hub tests (root; make hub-deps first): about 7 min on a quiet 2-core box, most of it the browser
-# test's official grading on the cpu profile (MULTIGPU_WORKSHOP_PROFILE=quick: no certificate)
+# the hub tests (root; make hub-deps first, with the same HUB_PREFIX): the hub end to end, the
+# attacks of a hostile learner (tests/test_workshop_attacks.py), the browser test's official grading
+# on the cpu profile (MULTIGPU_WORKSHOP_PROFILE=quick: no certificate)
 test-hub: $(STAMP)
-	MULTIGPU_QUICK=1 MULTIGPU_TEST_HUB=1 $(PY) -m pytest tests/test_workshop*.py -v --durations=5
+	MULTIGPU_QUICK=1 MULTIGPU_TEST_HUB=1 MULTIGPU_HUB_PREFIX=$(HUB_PREFIX) $(PY) -m pytest tests/test_workshop*.py -v --durations=5

@@ -82,13 +82,118 @@ def test_the_queue_survives_a_restart_and_gives_up_after_repeated_cuts(tmp_path)
         q2.finish(later.id, "queued", "")
 
 
-def test_submission_names_and_who_made_them(tmp_path):
-    from multigpu.workshop import grading
+def test_submission_names():
+    from multigpu.workshop import submissions
 
-    assert grading.parse_submission("ana+lab-00+2026-11-25 19:36:28.863787 UTC+1e1R3i") == (
-        "ana", "lab-00", "2026-11-25 19:36:28.863787 UTC")
-    assert grading.parse_submission("garbage") is None
-    assert not grading.submitter_matches(tmp_path, "no-such-user-here")
+    got = submissions.parse("ana+lab-00+2026-11-25 19:36:28.863787 UTC+1e1R3iAbCdEf")
+    assert (got.student, got.assignment, got.timestamp) == ("ana", "lab-00", "2026-11-25 19:36:28.863787 UTC")
+    for bad in ("garbage", "ana+..+2026-11-25 19:36:28.863787 UTC+1e1R3iAbCdEf",
+                "ana+lab-00/x+2026-11-25 19:36:28.863787 UTC+1e1R3iAbCdEf", "ana+lab-00+2026-11-25 19:36:28 UTC",
+                "!\udcff\udcfe+lab-00+2026-11-25 19:36:28.863787 UTC+1e1R3iAbCdEf", "Ana+lab-00+yesterday+1e1R3iAbCdEf"):
+        assert submissions.parse(bad) is None, bad
+    assert submissions.valid_parts("ana", "lab-00") and not submissions.valid_parts("ana", "..")
+
+
+def test_learners_take_turns_and_names_that_are_not_submissions_are_recorded_once(tmp_path):
+    """A learner with five assignments waiting does not hold up one with a single submission."""
+    q = jobs.Queue(tmp_path / "q.sqlite")
+    many = [q.add(f"ana+lab-0{i}+t{i}+x", "ana", f"lab-0{i}", f"t{i}") for i in range(5)]
+    ben = q.add("ben+lab-00+t9+y", "ben", "lab-00", "t9")
+    assert q.position(ben) == 2, "ben's only job comes right after ana's first"
+    order = [q.take().student for _ in range(6)]
+    assert order == ["ana", "ben", "ana", "ana", "ana", "ana"], order
+    assert {j.state for j in q.jobs()} == {"running"} and many[0].id < ben.id
+    q.ignore("!\udcff+lab-00+x", "ben", "not a submission's name")
+    q.ignore("!\udcff+lab-00+x", "ben", "not a submission's name")
+    assert q.ignored() == (1, [("!\udcff+lab-00+x", "ben", "not a submission's name")])
+    assert q.known("!\udcff+lab-00+x") and "!\udcff+lab-00+x" in q.seen() and "ana+lab-00+t0+x" in q.seen()
+
+
+def test_a_submission_is_copied_only_as_its_learners_regular_files(tmp_path):
+    """``safefiles.copy_tree`` (the copy the grading service takes of each submission): folders and
+    regular files are copied; anything else refuses the whole copy with words for the learner,
+    and nothing is left of it. (As a learner on a real hub: tests/test_workshop_attacks.py.)"""
+    import os
+
+    from multigpu.workshop import safefiles
+
+    caps = safefiles.Caps(file_bytes=2**20, total_bytes=int(1.5 * 2**20), entries=6, depth=2)
+
+    def submission(name: str) -> Path:
+        src = tmp_path / name
+        (src / "data").mkdir(parents=True)
+        (src / "00-welcome.ipynb").write_text("{}")
+        (src / "data" / "x.txt").write_text("x")
+        return src
+
+    got = safefiles.copy_tree(submission("ok"), tmp_path / "ok-copy", owner=os.getuid(), caps=caps)
+    assert sorted(got) == ["00-welcome.ipynb", "data/x.txt"] and (tmp_path / "ok-copy" / "data" / "x.txt").read_text() == "x"
+    key = tmp_path / "course-key"
+    key.write_text("-----BEGIN PRIVATE KEY-----")
+    attacks = {
+        "a symbolic link": lambda d: (d / "k.html").symlink_to(key),
+        "a FIFO": lambda d: os.mkfifo(d / "data" / "pipe"),
+        "a hard link": lambda d: os.link(d / "00-welcome.ipynb", d / "again.ipynb"),
+        "is 1024 MiB": lambda d: os.truncate(os.open(d / "big.bin", os.O_CREAT | os.O_WRONLY), 2**30),
+        "larger than 1 MiB": lambda d: [(d / f"f{i}").write_bytes(b"x" * 600_000) for i in range(3)],
+        "more than 6 files": lambda d: [(d / f"e{i}").touch() for i in range(6)],
+        "nested more than 2": lambda d: (d / "data" / "a" / "b" / "c").mkdir(parents=True),
+        "not UTF-8": lambda d: (d / os.fsdecode(b"n\xff")).touch(),
+        "control characters": lambda d: (d / "a\nb").touch(),
+        "another account": lambda d: os.chown(d / "data" / "x.txt", os.getuid() + 1, -1) if os.geteuid() == 0 else
+        pytest.skip("needs root"),
+    }
+    for i, (words, make) in enumerate(attacks.items()):
+        src = submission(f"bad{i}")
+        make(src)
+        with pytest.raises(safefiles.Refused, match=words):
+            safefiles.copy_tree(src, tmp_path / f"bad{i}-copy", owner=os.getuid(), caps=caps)
+        assert not (tmp_path / f"bad{i}-copy").exists(), f"{words}: a refused copy left files behind"
+    assert "BEGIN PRIVATE KEY" not in "".join(p.read_text() for p in tmp_path.rglob("*-copy/**/*") if p.is_file())
+
+
+def test_handing_a_tree_over_changes_links_not_what_they_point_to(tmp_path):
+    import os
+
+    from multigpu.workshop import safefiles
+
+    target = tmp_path / "root-file"
+    target.write_text("root's")
+    tree = tmp_path / "tree"
+    (tree / "d").mkdir(parents=True)
+    (tree / "d" / "link").symlink_to(target)
+    uid, gid = os.getuid(), os.getgid()
+    safefiles.chown_tree(tree, uid, gid)  # the same owner: it runs without root, and must not follow
+    assert (tree / "d" / "link").is_symlink() and target.read_text() == "root's"
+    with pytest.raises(OSError):
+        safefiles.chown_tree(tree / "d" / "link", uid, gid)  # a link given as the tree is refused
+    with pytest.raises(ValueError):
+        safefiles.open_dir(tree, "..")
+
+
+def test_an_autograded_notebook_reaches_the_instructor_without_script_but_with_what_grading_reads():
+    import nbformat
+
+    from multigpu.workshop import autograde
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"state": "<script>w()</script>"}
+    nb.cells = [nbformat.v4.new_markdown_cell("mine: <img src=x onerror=steal()> a < b"),
+                nbformat.v4.new_raw_cell("<script>raw()</script>"),
+                nbformat.v4.new_code_cell("1", outputs=[
+                    nbformat.v4.new_output("display_data", data={"text/html": "<script>h()</script>",
+                                                                 "application/javascript": "j()", "image/svg+xml": "<svg/>",
+                                                                 "text/plain": "shown", "image/png": "iVBOR"}),
+                    nbformat.v4.new_output("error", ename="AssertionError", evalue="no", traceback=["no"]),
+                    nbformat.v4.new_output("execute_result", data={"text/plain": "0.5"}, execution_count=1)])]
+    out = autograde.defang(nbformat.writes(nb).encode())
+    for script in ("<img", "<script", "j()", "<svg", "widgets"):
+        assert script not in out, script
+    back = nbformat.reads(out, as_version=4)
+    assert [o["output_type"] for o in back.cells[2].outputs] == ["display_data", "error", "execute_result"]
+    assert back.cells[2].outputs[0]["data"] == {"text/plain": "shown", "image/png": "iVBOR"}
+    assert "steal()" in back.cells[0].source, "the answer is still there, as text"
+    assert nbformat.reads(autograde.defang(b"\xff not a notebook"), as_version=4).cells == []
 
 
 def test_passwords_and_logins():

@@ -15,7 +15,8 @@ checks below are its per-tick callback and its kill), and guarantees, whatever t
 - the moment each checkpoint file ``rank-<R>-epoch-<E>.pt`` appears is recorded by the grader's
   clock (``epoch_times``), so throughput never depends on what the script claims;
 - with ``sandbox=...`` it runs inside bubblewrap (:mod:`multigpu.grading.sandbox`: read-only
-  system, private HOME and network namespace, its own PID namespace).
+  system, private HOME and network namespace, its own PID namespace, an unprivileged account
+  when the grader is root, which is given the run's folder).
 """
 
 from __future__ import annotations
@@ -239,6 +240,7 @@ def _wrapped(command: list[str], workdir: Path, env: dict[str, str] | None, toke
 
     if sandbox is None:
         return command, _python_env(env, token)
+    sb.give_workdir(workdir)
     argv = sb.command(command, workdir=workdir, readable=sandbox.get("readable", ()), hidden=sandbox.get("hidden", ()))
     return argv, sb.environment({**(env or {}), TOKEN_VAR: token})
 

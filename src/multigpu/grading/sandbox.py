@@ -12,7 +12,12 @@ What a submission sees inside (:func:`command`):
   signal the grader or anyone else; when the sandbox ends, every process in it dies), its own
   IPC namespace, no capabilities (``--cap-drop ALL``), no controlling terminal;
 - a clean environment: PATH, HOME, the locale and the variables the grader passes, nothing
-  else of the grader's.
+  else of the grader's;
+- an unprivileged account when the grader runs as root (the workshop hub's grading service, an
+  instructor's ``make autograde`` as root): bubblewrap sets the sandbox up as root, then the
+  submission runs as :data:`SANDBOX_USER` (``$MULTIGPU_SANDBOX_USER``) with no capability, so it
+  reads only what every account may read (not ``/etc/shadow``, not a signing key kept outside
+  HOME); ``/run`` (root's sockets) and the course checkout's ``solutions/`` are hidden as well.
 
 The time, output and memory bounds are the runner's (:mod:`multigpu.grading.runner`).
 :func:`unavailable` says why the sandbox cannot start on this machine (None when it can);
@@ -24,6 +29,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -34,6 +40,8 @@ from multigpu.core import layout
 
 #: HOME inside the sandbox (on its private /tmp).
 HOME = "/tmp/home"
+#: The account a submission runs as when the grader is root (``$MULTIGPU_SANDBOX_USER`` names another).
+SANDBOX_USER = "nobody"
 #: Variables of the grader's environment a submission may see (everything else is dropped).
 PASSED_VARS = ("LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE",
                "OPENBLAS_L2_SIZE", "MULTIGPU_QUICK", "MULTIGPU_FORCE_CPU", "CUDA_VISIBLE_DEVICES")
@@ -43,6 +51,34 @@ def bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
+def run_as(user: str | None = None) -> pwd.struct_passwd | None:
+    """The account a sandboxed command runs as: ``user``, else :data:`SANDBOX_USER` when this
+    process is root; None when it runs as the caller (not root: bubblewrap's user namespace)."""
+    if os.geteuid() != 0:
+        if user is not None:
+            raise PermissionError(f"running a sandboxed command as {user} needs root")
+        return None
+    return pwd.getpwnam(user or os.environ.get("MULTIGPU_SANDBOX_USER") or SANDBOX_USER)
+
+
+def give_workdir(workdir: Path, user: str | None = None) -> None:
+    """Make ``workdir`` the sandboxed account's, so the run can write its checkpoints there."""
+    account = run_as(user)
+    if account is not None:
+        os.chown(workdir, account.pw_uid, account.pw_gid)
+
+
+def always_hidden() -> list[Path]:
+    """What no sandboxed command sees, whoever calls: ``/tmp`` (a private one instead), the
+    caller's HOME, ``/run`` and the course checkout's ``solutions/``."""
+    hidden = [Path("/tmp"), Path.home().resolve(), Path("/run")]
+    try:
+        hidden.append(layout.course_root() / layout.SOLUTIONS)
+    except FileNotFoundError:  # the package without its checkout: no solutions on this machine
+        pass
+    return hidden
+
+
 @functools.lru_cache(maxsize=1)
 def unavailable() -> str | None:
     """None when the sandbox starts here; otherwise why not (in words an operator can act on)."""
@@ -50,6 +86,12 @@ def unavailable() -> str | None:
     if exe is None:
         return ("bubblewrap (bwrap) is not installed: 'make setup' installs it as root "
                 "(apt-get install bubblewrap); without it grading is not sandboxed")
+    if os.geteuid() == 0 and not shutil.which("setpriv"):
+        return "setpriv (util-linux) is not installed: as root, the sandbox needs it to drop to an unprivileged account"
+    try:
+        run_as()
+    except KeyError as e:
+        return f"the sandbox's account {e} does not exist: create it or set MULTIGPU_SANDBOX_USER"
     # the very command a grading uses (Python from the venv, wherever the course lives)
     probe = command([sys.executable, "-c", "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print('ok')"],
                     workdir=Path("/"), writable=False)
@@ -65,6 +107,23 @@ def unavailable() -> str | None:
     return None
 
 
+def _cover(h: Path) -> list[str]:
+    """An empty tmpfs over a hidden folder (``/tmp`` writable by all), /dev/null over a hidden file."""
+    perms = ["--perms", "1777"] if h == Path("/tmp") else []
+    return [*perms, "--tmpfs", str(h)] if h.is_dir() else ["--ro-bind", "/dev/null", str(h)] if h.exists() else []
+
+
+def _way_in(path: Path, hide: list[Path], made: set[Path]) -> list[str]:
+    """The folders between a hidden folder and ``path`` bound back inside it, made traversable for
+    the unprivileged account (bubblewrap makes them 700, root's); each once (``made``)."""
+    args: list[str] = []
+    for p in reversed(path.parents):
+        if p not in made and any(h in p.parents for h in hide):
+            made.add(p)
+            args += ["--perms", "0755", "--dir", str(p)]
+    return args
+
+
 def command(
     argv: list[str],
     *,
@@ -72,51 +131,57 @@ def command(
     readable: Iterable[os.PathLike | str] = (),
     hidden: Iterable[os.PathLike | str] = (),
     writable: bool = True,
+    user: str | None = None,
 ) -> list[str]:
     """``argv`` wrapped in bubblewrap with the rules of the module doc.
 
     ``workdir`` is the one writable folder (and the working directory); ``readable`` are paths
     that must stay visible read-only even where they lie under a hidden folder (the training
     set under the hidden data cache); ``hidden`` are folders replaced by an empty tmpfs (the key's
-    folder, ``grading/``, the held-out set, ...). The grader's HOME and ``/tmp`` are always hidden.
+    folder, ``grading/``, the held-out set, ...), besides :func:`always_hidden`. As root, ``argv``
+    runs as ``user`` (default :data:`SANDBOX_USER`, :func:`run_as`), which must own ``workdir``
+    to write there (:func:`give_workdir`).
     """
     exe = bwrap()
     if exe is None:
         raise RuntimeError("bubblewrap (bwrap) is not installed")
     workdir = Path(workdir).resolve()
-    home = Path.home().resolve()
-    hide = [Path("/tmp"), home, *(Path(h).resolve() for h in hidden)]
+    account = run_as(user)
+    hide = [*always_hidden(), *(Path(h).resolve() for h in hidden)]
     # what the submission needs to run, even where it lies under a hidden folder (pyenv in ~, the
     # course and its venv checked out in ~ or in /tmp): Python, the venv, the package
     needed = [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), layout.IMPORT_ROOT]
     needed += [Path(p).resolve() for p in readable]
-    args = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    args = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/dev/shm"]
     # GPU mode: the new /dev has no GPU; bind the NVIDIA device nodes back (written without a
     # GPU to test on: the gpu profile is marked UNMEASURED until someone grades on one)
     for node in sorted(glob.glob("/dev/nvidia*")):
         args += ["--dev-bind", node, node]
-    def cover(h: Path) -> list[str]:
-        """An empty tmpfs over a hidden folder, /dev/null over a hidden file."""
-        return ["--tmpfs", str(h)] if h.is_dir() else ["--ro-bind", "/dev/null", str(h)] if h.exists() else []
-
     for h in sorted(set(hide), key=lambda p: len(p.parts)):  # outer folders first
-        args += cover(h)
+        args += _cover(h)
     # what the submission needs comes back read-only where a hidden folder covered it
     back = [n for n in dict.fromkeys(needed) if n.exists() and any(h in n.parents for h in hide)]
+    made: set[Path] = set()
     for n in sorted(back, key=lambda p: len(p.parts)):
-        args += ["--ro-bind", str(n), str(n)]
+        args += [*_way_in(n, hide, made), "--ro-bind", str(n), str(n)]
     # and what is hidden inside those is hidden again (grading/ of a course checked out in ~, a
     # file of a venv in /tmp), folders and files alike
     for h in hide:
         if any(n in h.parents for n in back):
-            args += cover(h)
-    args += ["--dir", HOME]
+            args += _cover(h)
+    args += ["--perms", "1777", "--dir", HOME]  # the only account inside may write it
     if writable:
-        args += ["--bind", str(workdir), str(workdir)]
-    args += ["--chdir", str(workdir),
-             "--unshare-net", "--unshare-pid", "--unshare-ipc",  # (a new host name does not resolve: Gloo crashes)
-             "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--"]
-    return args + list(argv)
+        args += [*_way_in(workdir, hide, made), "--bind", str(workdir), str(workdir)]
+    args += ["--unshare-net", "--unshare-pid", "--unshare-ipc",  # (a new host name does not resolve: Gloo crashes)
+             "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    if account is None:
+        return [*args, "--chdir", str(workdir), "--", *argv]
+    # root sets the sandbox up; the command runs as the account: setpriv needs these two
+    # capabilities to change to it (a change of every uid from root clears them all), and it
+    # enters workdir as the account (root without capabilities may not enter the account's folder)
+    return [*args, "--chdir", "/", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--",
+            shutil.which("setpriv") or "setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}",
+            "--clear-groups", "--inh-caps=-all", "--", shutil.which("env") or "env", f"--chdir={workdir}", *argv]
 
 
 def environment(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -57,14 +57,21 @@ class JobResult:
 
 
 def start(argv: Sequence[str], *, env: dict[str, str], cwd: str | os.PathLike | None = None,
-          cores: set[int] | None = None, capture: bool = True) -> subprocess.Popen:
+          cores: set[int] | None = None, capture: bool = True,
+          before_exec: Callable[[], None] | None = None) -> subprocess.Popen:
     """Start one child process the course's way: in its own session (its whole process group can
     be killed), no stdin, stdout and stderr merged into one pipe for :func:`supervise` (or
-    discarded without ``capture``), pinned to ``cores`` when given."""
-    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    discarded without ``capture``), pinned to ``cores`` when given. ``before_exec`` runs in the
+    child before the program starts (a caller's control group, set before anything of it runs)."""
+    def setup() -> None:
+        if cores:
+            os.sched_setaffinity(0, cores)
+        if before_exec is not None:
+            before_exec()
+
     return subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            start_new_session=True, preexec_fn=pin)
+                            start_new_session=True, preexec_fn=setup if cores or before_exec else None)
 
 
 def descendants(pid: int) -> list[int]:

@@ -1,88 +1,34 @@
 """One grading job of the hub's queue (``multigpu workshop grade-job ID``, started by the service
-on the cores kept for grading; it runs as root and never runs learner code as root):
+on the cores kept for grading, in a control group of its own; it runs as root and never runs
+learner code as root):
 
-1. the submission is checked (the folder in the exchange's inbound must belong to the account
-   whose name it carries: nbgrader's exchange itself would take any name) and copied to the
-   course's ``submitted/``, replacing an earlier one; on Kubernetes it is downloaded from ngshare
-   (:mod:`ngshare`), which names the submitter by their hub token;
-2. nbgrader autogrades it in a scratch course, as the unprivileged :data:`layout.GRADER_USER`
-   (a learner's notebook is hostile code: it must reach neither the gradebook nor anyone's work),
-   and generates the feedback there; the scores go into the instructor's gradebook and the
-   feedback is released to that learner (their Assignments tab: Fetch Feedback);
+1. the submission is collected into the course's ``submitted/``, replacing an earlier one: from the
+   copy the service took when it arrived (:mod:`submissions`: checked, root's, never the
+   exchange's folder again); on Kubernetes downloaded from ngshare (:mod:`ngshare`), which names
+   the submitter by their hub token and keeps submissions as they were sent;
+2. nbgrader autogrades it and writes its feedback as the unprivileged :data:`layout.GRADER_USER`
+   in the grading sandbox, no solution within reach (:mod:`autograde`); the scores, recomputed
+   from the notebooks, go into the instructor's gradebook and the feedback is released to that
+   learner (their Assignments tab: Fetch Feedback);
 3. for the assessment, the official grading of its ``train.py`` (the sandboxed grader,
-   ``multigpu.grading.grader.grade`` with the sandbox required) sets the assessment's points in the
-   gradebook, writes the result to ``state/results/<learner>.json`` and, where it passed and the
-   released labs are done, issues a signed certificate (``multigpu verify`` checks it).
+   ``multigpu.grading.grader.grade`` with the sandbox required, the script run as an
+   unprivileged account) sets the assessment's points in the gradebook, writes the result to
+   ``state/results/<learner>.json`` and, where it passed and the released labs are done, issues
+   a signed certificate (``multigpu verify`` checks it).
 """
 
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from multigpu.workshop import course, layout, ngshare
+from multigpu.workshop import layout, ngshare, safefiles, submissions
+from multigpu.workshop.autograde import JobFailed, autograde, hidden_from_learners
 from multigpu.workshop.jobs import Job
 from multigpu.workshop.layout import Hub
-
-#: nbgrader's limit per grading step (the labs' cells bound themselves; this is the outer bound).
-STEP_TIMEOUT_S = 3600
-
-
-class JobFailed(RuntimeError):
-    """The job cannot finish; the message is for the learner (and the instructor's view)."""
-
-
-def parse_submission(name: str) -> tuple[str, str, str] | None:
-    """``(student, assignment, timestamp)`` of an inbound folder ``student+assignment+timestamp+random``."""
-    parts = name.split("+")
-    if len(parts) < 3 or not all(parts[:3]):
-        return None
-    return parts[0], parts[1], parts[2]
-
-
-def submitter_matches(folder: Path, student: str) -> bool:
-    """Whether the inbound folder belongs to the Unix account ``student`` (it made the folder)."""
-    try:
-        return folder.stat().st_uid == pwd.getpwnam(student).pw_uid
-    except KeyError:
-        return False
-
-
-def _chown_tree(path: Path, user: str) -> None:
-    pw = pwd.getpwnam(user)
-    os.chown(path, pw.pw_uid, pw.pw_gid)
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in dirnames + filenames:
-            os.chown(os.path.join(dirpath, name), pw.pw_uid, pw.pw_gid, follow_symlinks=False)
-
-
-def _nbgrader(args: list[str], cwd: Path, *, user: str | None, env: dict[str, str], what: str) -> str:
-    """Run ``nbgrader ARGS`` in ``cwd`` (as ``user`` when given) through ``multigpu.running.launch``."""
-    from multigpu.running import launch
-
-    argv = [str(Path(sys.executable).parent / "nbgrader"), *args]
-    if user:
-        pw = pwd.getpwnam(user)
-        argv = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--", *argv]
-    proc = launch.start(argv, env=env, cwd=cwd)
-    result = launch.supervise([proc], ["nbgrader"], STEP_TIMEOUT_S, echo=False, what=what, raise_on_timeout=False)
-    if result.returncodes[0] != 0:
-        tail = "\n".join(result.output[-15:])
-        raise JobFailed(f"{what} failed (exit {result.returncodes[0]}):\n{tail}")
-    return "\n".join(result.output)
-
-
-def _env(home: Path) -> dict[str, str]:
-    bindir = str(Path(sys.executable).parent)
-    keep = {k: v for k, v in os.environ.items() if k in ("MULTIGPU_QUICK", "LANG", "LC_ALL")}
-    return {**keep, "HOME": str(home), "PATH": os.pathsep.join([bindir, "/usr/local/bin", "/usr/bin", "/bin"]),
-            "MULTIGPU_OFFICIAL_GRADING": "1", "JUPYTER_CONFIG_DIR": str(home / ".jupyter"),
-            "JUPYTER_RUNTIME_DIR": str(home / ".runtime")}
 
 
 def submission(job: Job) -> ngshare.Submission:
@@ -90,21 +36,22 @@ def submission(job: Job) -> ngshare.Submission:
 
 
 def collect(hub: Hub, job: Job) -> Path:
-    """Step 1: the submission, checked, in ``course/submitted/<student>/<assignment>/``."""
+    """Step 1: the submission in ``course/submitted/<student>/<assignment>/``."""
     from multigpu.grading.rules import RESULT_FILE
 
+    if not submissions.valid_parts(job.student, job.assignment):
+        raise JobFailed(f"{job.student!r} and {job.assignment!r} are not a login and an assignment: not graded")
     dest = hub.course / "submitted" / job.student / job.assignment
-    src = hub.inbound / job.submission
-    source = ngshare.Ngshare.from_env()
-    if source is None and not src.is_dir():
-        raise JobFailed(f"the submission {job.submission} is no longer in the exchange: submit again")
-    if source is None and not submitter_matches(src, job.student):
-        raise JobFailed(f"this submission carries the name {job.student!r} but was made by another account: not graded")
+    left_out = (RESULT_FILE, ".ipynb_checkpoints")  # a grading result comes from the grader's own run
     if dest.exists():
         shutil.rmtree(dest)
-    left_out = (RESULT_FILE, ".ipynb_checkpoints")  # a grading result comes from the grader's own run
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    source = ngshare.Ngshare.from_env()
     if source is None:
-        shutil.copytree(src, dest, ignore=shutil.ignore_patterns(*left_out), symlinks=False)
+        taken = submissions.copy_path(hub, job.submission)
+        if not taken.is_dir():
+            raise JobFailed(f"the copy of the submission {job.submission} taken when it arrived is gone: submit again")
+        safefiles.copy_tree(taken, dest, owner=0, caps=safefiles.SUBMISSION, skip=left_out)
         return dest
     try:
         source.download(submission(job), dest, skip=left_out)
@@ -112,102 +59,6 @@ def collect(hub: Hub, job: Job) -> Path:
         raise JobFailed(f"the submission could not be read from the exchange ({e}): submit again, "
                         "or ask the instructor") from None
     return dest
-
-
-def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """Step 2: autograde and feedback in a scratch course as the grading account; the scores go to
-    the instructor's gradebook. Returns ``{"score", "max_score", "notebooks": {nb: [score, max]}}``."""
-    scratch = scratch_course(hub, job, submitted)
-    env = _env(scratch)
-    user = layout.GRADER_USER
-    log("registering the assignment")
-    _nbgrader(["generate_assignment", job.assignment, "--force"], scratch, user=user, env=env,
-              what="nbgrader generate_assignment")
-    log("autograding the notebooks (nbgrader runs them as the grading account)")
-    _nbgrader(["autograde", job.assignment, "--student", job.student, "--force"], scratch, user=user, env=env,
-              what="nbgrader autograde")
-    _nbgrader(["generate_feedback", job.assignment, "--student", job.student, "--force"], scratch, user=user, env=env,
-              what="nbgrader generate_feedback")
-    out = record_scores(hub, job, scratch_scores(scratch, job))
-    release_feedback(hub, job, scratch)
-    shutil.rmtree(scratch, ignore_errors=True)
-    return out
-
-
-def scratch_course(hub: Hub, job: Job, submitted: Path) -> Path:
-    """A course of one assignment and one submission, owned by the grading account alone."""
-    scratch = hub.scratch / f"job-{job.id}"
-    if scratch.exists():
-        shutil.rmtree(scratch)
-    (scratch / "source").mkdir(parents=True)
-    shutil.copytree(hub.course / "source" / job.assignment, scratch / "source" / job.assignment)
-    shutil.copytree(submitted, scratch / "submitted" / job.student / job.assignment)
-    (scratch / "nbgrader_config.py").write_text(course.COURSE_CONFIG.format(
-        course=str(scratch), course_id=layout.COURSE_ID, db_url=f"sqlite:///{scratch / 'gradebook.db'}",
-        exchange=str(scratch / "no-exchange"), assessment=layout.ASSESSMENT))
-    _chown_tree(scratch, layout.GRADER_USER)
-    os.chmod(scratch, 0o700)
-    return scratch
-
-
-def scratch_scores(scratch: Path, job: Job) -> dict[str, dict[str, float]]:
-    """Each notebook's grade cells and the points autograde gave them in the scratch course."""
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{scratch / 'gradebook.db'}") as gb:
-        sub = gb.find_submission(job.assignment, job.student)
-        return {nb.name: {g.name: float(g.auto_score or 0) for g in nb.grades} for nb in sub.notebooks}
-
-
-def record_scores(hub: Hub, job: Job, scores: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """The scores into the instructor's gradebook, replacing an earlier submission's."""
-    from nbgrader.api import Gradebook, MissingEntry
-
-    with Gradebook(hub.db_url) as gb:
-        gb.update_or_create_student(job.student)
-        try:
-            gb.find_assignment(job.assignment)
-        except MissingEntry:
-            raise JobFailed(f"{job.assignment} is not in the instructor's gradebook: it was never released "
-                            "from the formgrader") from None
-        try:
-            gb.remove_submission(job.assignment, job.student)  # a resubmission replaces the earlier one
-        except MissingEntry:
-            pass
-        sub = gb.add_submission(job.assignment, job.student)
-        for nb in sub.notebooks:
-            for g in nb.grades:
-                g.auto_score = scores.get(nb.name, {}).get(g.name, 0.0)
-        gb.db.commit()
-        sub = gb.find_submission(job.assignment, job.student)
-        return {"score": float(sub.score), "max_score": float(sub.max_score),
-                "notebooks": {nb.name: [float(nb.score), float(nb.max_score)] for nb in sub.notebooks}}
-
-
-def release_feedback(hub: Hub, job: Job, scratch: Path) -> None:
-    """The autograded copy and its feedback into the instructor's course, released to the learner."""
-    instructor = pwd.getpwuid(hub.course.stat().st_uid).pw_name
-    for part in ("autograded", "feedback"):
-        dest = hub.course / part / job.student / job.assignment
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(scratch / part / job.student / job.assignment, dest)
-        _chown_tree(hub.course / part, instructor)
-    _chown_tree(hub.course / "submitted" / job.student, instructor)
-    for f in hub.course.glob("gradebook.db*"):
-        _chown_tree(f, instructor)
-    source = ngshare.Ngshare.from_env()
-    if source is not None:
-        try:
-            source.upload_feedback(submission(job), hub.course / "feedback" / job.student / job.assignment)
-        except ngshare.NgshareError as e:
-            raise JobFailed(f"graded, but the feedback could not be returned through the exchange ({e}): "
-                            "ask the instructor") from None
-        return
-    # as the instructor: nbgrader's exchange wants its feedback folder owned by whoever releases
-    # into it, and the formgrader's Release Feedback button runs as the instructor too
-    _nbgrader(["release_feedback", job.assignment, "--student", job.student], hub.course, user=instructor,
-              env=_env(Path(pwd.getpwnam(instructor).pw_dir)), what="nbgrader release_feedback")
 
 
 def released_labs(hub: Hub) -> list[str]:
@@ -249,7 +100,8 @@ def official(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) ->
     log(f"official grading of train.py (sandboxed, profile '{settings.profile}')")
     try:
         result = official_grading.grade_and_keep(script, f"{job.student}/{layout.ASSESSMENT}/train.py", settings,
-                                                 hub.results / f"{job.student}.json", hidden=[hub.root], log=log)
+                                                 hub.results / f"{job.student}.json",
+                                                 hidden=hidden_from_learners(hub), log=log)
     except grader.GradingUnavailable as e:
         raise JobFailed(f"the grading machine cannot grade right now ({e}); the instructor has been told, "
                         "your submission is kept") from None

@@ -16,7 +16,8 @@ Settings come from the environment ``make hub`` passes (every one has a default)
 ``MULTIGPU_HUB_ROOT``, ``MULTIGPU_HUB_IP``/``_PORT`` (the address learners open),
 ``MULTIGPU_HUB_INTERNAL_PORT``, ``MULTIGPU_PROXY_API_PORT``, ``MULTIGPU_GRADING_PORT``,
 ``MULTIGPU_HUB_INSTRUCTORS`` (comma-separated logins), ``MULTIGPU_GRADING_CORES`` (cores kept for
-grading), ``MULTIGPU_LEARNER_CPUS`` and ``MULTIGPU_LEARNER_MEM_GB`` (each learner server's share).
+grading), ``MULTIGPU_LEARNER_CPUS``, ``MULTIGPU_LEARNER_MEM_GB`` and ``MULTIGPU_LEARNER_PIDS`` (each
+learner server's share), ``MULTIGPU_GRADING_PIDS`` and ``MULTIGPU_GRADING_MEM_GB`` (a grading's).
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ except ImportError:  # the course's own venv has no JupyterHub; only the hub's e
 #: Defaults of one learner server's share (a 4-worker lab job uses 2 cores well; see docs/workshop.md).
 LEARNER_CPUS = 2.0
 LEARNER_MEM_GB = 4.0
+#: Processes and threads of one learner server at most: a fork bomb stops there (a 4-worker lab
+#: job with its kernel and server uses about 150).
+LEARNER_PIDS = 1024
+
+
+#: What the grading service takes from the hub's environment (``make hub`` and the tests set them).
+SERVICE_VARS = ("MULTIGPU_GRADING_PROFILE", "MULTIGPU_QUICK", "MULTIGPU_QUEUE_LIMIT", "MULTIGPU_GRADING_TIMEOUT",
+                "MULTIGPU_CERTIFICATE_KEY", "MULTIGPU_GRADING_PIDS", "MULTIGPU_GRADING_MEM_GB", "MULTIGPU_SANDBOX_USER",
+                "PATH")
 
 
 def env_int(name: str, default: int) -> int:
@@ -100,10 +110,11 @@ class WorkshopSpawner(LocalProcessSpawner):
         learner_cores, _grading = cores()
         cpu = None if self.is_instructor() else float(os.environ.get("MULTIGPU_LEARNER_CPUS") or LEARNER_CPUS)
         mem = None if self.is_instructor() else int(float(os.environ.get("MULTIGPU_LEARNER_MEM_GB") or LEARNER_MEM_GB) * 2**30)
+        pids = None if self.is_instructor() else env_int("MULTIGPU_LEARNER_PIDS", LEARNER_PIDS)
         group = f"user-{name}"
 
         def confine_then_become() -> None:  # in the forked child, as root, before it becomes the user
-            limits.confine(group, os.getpid(), cores=learner_cores, cpu_limit=cpu, mem_limit=mem)
+            limits.confine(group, os.getpid(), cores=learner_cores, cpu_limit=cpu, mem_limit=mem, pids_limit=pids)
             become()
 
         return confine_then_become
@@ -146,9 +157,7 @@ def configure(c: Any) -> None:
         "command": [sys.executable, "-m", "multigpu.workshop.service"],
         "environment": {"MULTIGPU_HUB_ROOT": str(hub.root), "MULTIGPU_GRADING_CORES_LIST": limits.cpulist(grading_cores),
                         "MULTIGPU_HUB_INSTRUCTORS": ",".join(instructors()),
-                        **{k: v for k, v in os.environ.items() if k in ("MULTIGPU_GRADING_PROFILE", "MULTIGPU_QUICK",
-                                                                        "MULTIGPU_QUEUE_LIMIT", "MULTIGPU_GRADING_TIMEOUT",
-                                                                        "MULTIGPU_CERTIFICATE_KEY", "PATH")}},
+                        **{k: v for k, v in os.environ.items() if k in SERVICE_VARS}},
         "display": True,
         "oauth_no_confirm": True,
     }]

@@ -4,14 +4,19 @@ the hub and of the grading service.
 A job is one submission (nbgrader's inbound folder ``student+assignment+timestamp+random``).
 States: ``queued`` -> ``running`` -> ``done`` or ``failed``; ``held`` while the queue is full (it
 is queued as soon as a place frees, nothing is dropped); ``replaced`` when the same learner
-submits the same assignment again before it ran (a resubmission replaces the earlier one).
-A job found ``running`` when the service starts was cut off by a restart: it goes back to the
-head of the queue, and fails with a message after :data:`MAX_ATTEMPTS` such starts.
+submits the same assignment again before it ran (a resubmission replaces the earlier one, so a
+learner has at most one waiting job per assignment). Learners take turns (:meth:`Queue.take`):
+the next job is the waiting learner's whose last grading started longest ago, so one learner's
+many submissions never hold up the others. A job found ``running`` when the service starts was
+cut off by a restart: it goes back to the head of the queue, and fails with a message after
+:data:`MAX_ATTEMPTS` such starts. Entries of the exchange that are not submissions are recorded
+once, with why, in a table of their own (:meth:`Queue.ignore`), so they are never looked at again.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -36,9 +41,38 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempts INTEGER NOT NULL DEFAULT 0,
     message TEXT NOT NULL DEFAULT '',
     result TEXT
+);
+CREATE TABLE IF NOT EXISTS ignored (
+    name BLOB PRIMARY KEY,
+    owner TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    at REAL NOT NULL
 )
 """
 WAITING = ("queued", "held")
+
+
+def turns(queued: list[tuple[int, str, int]], last_started: dict[str, float]) -> list[int]:
+    """The order in which the ``queued`` jobs ``(id, student, attempts)`` will be graded: jobs cut
+    off by a restart first, then learners in turn, each time the one whose last grading started
+    longest ago (or never) with their oldest waiting job."""
+    import collections
+
+    order = [i for i, _, attempts in sorted(queued) if attempts > 0]
+    waiting: dict[str, collections.deque[int]] = collections.defaultdict(collections.deque)
+    for i, student, attempts in sorted(queued):
+        if attempts == 0:
+            waiting[student].append(i)
+    served = {s: last_started.get(s, float("-inf")) for s in waiting}
+    tick = max([0.0, *last_started.values()])
+    while waiting:
+        student = min(waiting, key=lambda s: (served[s], waiting[s][0]))
+        order.append(waiting[student].popleft())
+        tick += 1
+        served[student] = tick
+        if not waiting[student]:
+            del waiting[student]
+    return order
 
 
 @dataclass
@@ -70,7 +104,7 @@ class Queue:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._db() as db:
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute(SCHEMA)
+            db.executescript(SCHEMA)
 
     def _db(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
@@ -86,14 +120,41 @@ class Queue:
         return self._one("SELECT * FROM jobs WHERE id = ?", job_id)
 
     def known(self, submission: str) -> bool:
+        """Whether ``submission`` was recorded, as a job or as ignored (any name, UTF-8 or not)."""
         with self._db() as db:
+            if db.execute("SELECT 1 FROM ignored WHERE name = ?", (os.fsencode(submission),)).fetchone():
+                return True
+            try:
+                submission.encode()
+            except UnicodeEncodeError:  # no job has a name that is not UTF-8
+                return False
             return db.execute("SELECT 1 FROM jobs WHERE submission = ?", (submission,)).fetchone() is not None
+
+    def seen(self) -> set[str]:
+        """Every name recorded, as a job or as ignored (names that are not UTF-8 as ``os.fsdecode`` gives them)."""
+        with self._db() as db:
+            return ({r[0] for r in db.execute("SELECT submission FROM jobs")}
+                    | {os.fsdecode(r[0]) for r in db.execute("SELECT name FROM ignored")})
+
+    def ignore(self, name: str, owner: str, reason: str) -> None:
+        """Record an entry of the exchange that is not a submission to grade (once)."""
+        with self._db() as db:
+            db.execute("INSERT OR IGNORE INTO ignored (name, owner, reason, at) VALUES (?, ?, ?, ?)",
+                       (os.fsencode(name), owner, reason, time.time()))
+
+    def ignored(self, limit: int = 20) -> tuple[int, list[tuple[str, str, str]]]:
+        """How many entries were ignored, and the latest ``limit`` as ``(name, owner, reason)``."""
+        with self._db() as db:
+            count = db.execute("SELECT COUNT(*) FROM ignored").fetchone()[0]
+            rows = db.execute("SELECT name, owner, reason FROM ignored ORDER BY at DESC LIMIT ?", (limit,)).fetchall()
+        return count, [(os.fsdecode(r[0]), r[1], r[2]) for r in rows]
 
     def add(self, submission: str, student: str, assignment: str, submitted: str,
             state: str | None = None, message: str = "") -> Job:
         """Record a submission (once: a known one is returned as it is). Earlier waiting jobs of the
         same learner and assignment are replaced; past the limit the job is held. With ``state``
-        given (a submission refused on arrival) nothing else changes."""
+        given (a submission refused on arrival, or one replaced before it was taken) nothing else
+        changes."""
         with self._db() as db:
             db.execute("BEGIN IMMEDIATE")
             row = db.execute("SELECT * FROM jobs WHERE submission = ?", (submission,)).fetchone()
@@ -110,8 +171,9 @@ class Queue:
                 if state == "held":
                     message = (f"the grading queue is full ({waiting} waiting): your submission is kept and "
                                "will join the queue as soon as a place frees; no need to submit again")
-            cur = db.execute("INSERT INTO jobs (submission, student, assignment, submitted, state, created, message) "
-                             "VALUES (?, ?, ?, ?, ?, ?, ?)", (submission, student, assignment, submitted, state, now, message))
+            cur = db.execute("INSERT INTO jobs (submission, student, assignment, submitted, state, created, finished, "
+                             "message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (submission, student, assignment, submitted, state,
+                                                                       now, None if state in WAITING else now, message))
             db.execute("COMMIT")
         job = self.get(cur.lastrowid) if cur.lastrowid is not None else None
         if job is None:
@@ -134,21 +196,29 @@ class Queue:
         return rows
 
     def take(self) -> Job | None:
-        """The next job to grade (oldest first; a restarted one first of all), now ``running``."""
+        """The next job to grade (:func:`turns`: a restarted one first of all, then learners in
+        turn), now ``running``."""
         with self._db() as db:
             db.execute("BEGIN IMMEDIATE")
             waiting = db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued'").fetchone()[0]
             for row in db.execute("SELECT id FROM jobs WHERE state = 'held' ORDER BY id LIMIT ?",
                                   (max(0, self.limit - waiting),)).fetchall():
                 db.execute("UPDATE jobs SET state = 'queued', message = '' WHERE id = ?", (row["id"],))
-            row = db.execute("SELECT * FROM jobs WHERE state = 'queued' ORDER BY attempts > 0 DESC, id LIMIT 1").fetchone()
-            if row is None:
+            order = self._turns(db)
+            if not order:
                 db.execute("COMMIT")
                 return None
             db.execute("UPDATE jobs SET state = 'running', started = ?, attempts = attempts + 1 WHERE id = ?",
-                       (time.time(), row["id"]))
+                       (time.time(), order[0]))
             db.execute("COMMIT")
-        return self.get(row["id"])
+        return self.get(order[0])
+
+    def _turns(self, db: sqlite3.Connection) -> list[int]:
+        queued = [(r["id"], r["student"], r["attempts"]) for r in
+                  db.execute("SELECT id, student, attempts FROM jobs WHERE state = 'queued'")]
+        last = {r[0]: r[1] for r in db.execute("SELECT student, MAX(started) FROM jobs WHERE started IS NOT NULL "
+                                                "GROUP BY student")}
+        return turns(queued, last)
 
     def finish(self, job_id: int, state: str, message: str, result: dict[str, Any] | None = None) -> None:
         if state not in ("done", "failed"):
@@ -167,11 +237,8 @@ class Queue:
         if job.state not in WAITING:
             return None
         with self._db() as db:
-            queued = db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND (attempts > 0 OR id < ?)",
-                                (job.id,)).fetchone()[0]
-            held = db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'held' AND id < ?", (job.id,)).fetchone()[0]
-        total_queued = self.count("queued")
-        return (queued + 1) if job.state == "queued" else (total_queued + held + 1)
+            order = self._turns(db) + [r[0] for r in db.execute("SELECT id FROM jobs WHERE state = 'held' ORDER BY id")]
+        return order.index(job.id) + 1 if job.id in order else None
 
     def count(self, state: str) -> int:
         with self._db() as db:

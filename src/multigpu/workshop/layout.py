@@ -4,13 +4,15 @@ default ``/srv/multigpu``), so a test can run a whole hub in a temporary folder.
     ROOT/course/        the instructor's nbgrader course (owned by the instructor, mode 700):
                         source/lab-00 ... source/assessment, release/, submitted/, autograded/,
                         feedback/, gradebook.db, nbgrader_config.py
-    ROOT/exchange/      nbgrader's exchange (root-owned, 777 like nbgrader asks: the inbound
-                        folder inside it lets learners write but not list)
+    ROOT/exchange/      nbgrader's exchange (root's, 1777); its course folder and that folder's
+                        outbound, inbound (1733: learners write, never list) and feedback belong
+                        to the instructor
     ROOT/etc/learner/   the learners' Jupyter config: nbgrader's exchange and course id
     ROOT/state/         root only (700): the hub's database and secrets, the grading queue,
-                        the official results, certificates
-    ROOT/scratch/       one folder per grading (711: each job's folder belongs to the grading
-                        account, mode 700)
+                        the copy of each submission taken when it arrived (submissions/), the
+                        official results, certificates
+    ROOT/scratch/       one folder per grading (711; each job's folder is root's, group the
+                        grading account, 710: the grading account enters the course in it)
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ class Hub:
         return cls(Path(os.environ.get("MULTIGPU_HUB_ROOT", DEFAULT_ROOT)).resolve())
 
     @property
+    def tag(self) -> str:
+        """A short name of this hub, unique per root: its control groups' names end with it."""
+        import hashlib
+
+        return hashlib.sha256(str(self.root).encode()).hexdigest()[:8]
+
+    @property
     def course(self) -> Path:
         return self.root / "course"
 
@@ -80,6 +89,10 @@ class Hub:
     @property
     def results(self) -> Path:
         return self.state / "results"
+
+    @property
+    def submissions(self) -> Path:
+        return self.state / "submissions"
 
     @property
     def certificates(self) -> Path:

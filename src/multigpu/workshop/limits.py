@@ -4,16 +4,21 @@ The box's cores are split once (:func:`split_cores`): the last ``reserved`` core
 queue, every learner server runs on the others, so a throughput verdict is never measured
 against the room's own load. Each learner server then gets its own control group
 (:func:`confine`): at most ``cpu_limit`` cores' worth of time (CFS quota), at most ``mem_limit``
-bytes of memory, and only the learners' cores (cpuset, which a learner cannot widen the way they
-could widen a plain CPU affinity). The kernel's cgroups are used where this machine lets root
-write them: version 2 (one unified tree) or version 1 (one tree per controller). Where neither
-is writable (a container without them) the best left is the CPU affinity alone, which keeps the
-grading cores free but bounds neither time nor memory: :func:`confine` says which it applied.
+bytes of memory, at most ``pids_limit`` processes and threads (a fork bomb stops there, not at the
+box's last PID), and only the learners' cores (cpuset, which a learner cannot widen the way they
+could widen a plain CPU affinity). The grading queue's jobs get groups of their own the same way.
+The kernel's cgroups are used where this machine lets root write them: version 2 (one unified
+tree) or version 1 (one tree per controller). Where neither is writable (a container without
+them) the best left is the CPU affinity alone, which keeps the grading cores free but bounds
+neither time, memory nor processes: :func:`confine` says which it applied. :func:`release` kills
+whatever is left in a group, then removes it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +26,16 @@ CGROUP = Path("/sys/fs/cgroup")
 #: The folder of the workshop's groups inside each hierarchy.
 PARENT = "multigpu"
 PERIOD_US = 100_000
+#: A grading job's processes and threads at most, and an autograde step's memory (a lab notebook
+#: needs what a learner server has: Lab 3 peaked at 2.9 GiB, docs/workshop.md).
+GRADING_PIDS = 1024
+GRADING_MEM_GB = 4.0
+
+
+def grading_limits() -> tuple[int, int]:
+    """``(processes, memory bytes)`` of a grading (``MULTIGPU_GRADING_PIDS``, ``MULTIGPU_GRADING_MEM_GB``)."""
+    pids = int(os.environ.get("MULTIGPU_GRADING_PIDS") or GRADING_PIDS)
+    return pids, int(float(os.environ.get("MULTIGPU_GRADING_MEM_GB") or GRADING_MEM_GB) * 2**30)
 
 
 def split_cores(cores: list[int] | None = None, reserved: int | None = None) -> tuple[list[int], list[int]]:
@@ -80,64 +95,119 @@ def _v1_group(controller: str, name: str) -> Path:
     return group
 
 
+#: One limit: its controller, the files that set it in cgroup v1 and in v2, its words for the log.
+Knob = tuple[str, dict[str, str], dict[str, str], str]
+
+
+def _knobs(cores: list[int], cpu_limit: float | None, mem_limit: int | None, pids_limit: int | None) -> list[Knob]:
+    knobs: list[Knob] = [("cpuset", {"cpuset.cpus": cpulist(cores)}, {"cpuset.cpus": cpulist(cores)},
+                          f"cpuset {cpulist(cores)}")]
+    if cpu_limit:
+        quota = str(int(cpu_limit * PERIOD_US))
+        knobs.append(("cpu", {"cpu.cfs_period_us": str(PERIOD_US), "cpu.cfs_quota_us": quota},
+                      {"cpu.max": f"{quota} {PERIOD_US}"}, f"cpu {cpu_limit:g} cores"))
+    if mem_limit:
+        knobs.append(("memory", {"memory.limit_in_bytes": str(mem_limit)}, {"memory.max": str(mem_limit)},
+                      f"memory {mem_limit / 2**30:.1f} GiB"))
+    if pids_limit:
+        knobs.append(("pids", {"pids.max": str(pids_limit)}, {"pids.max": str(pids_limit)}, f"{pids_limit} processes"))
+    return knobs
+
+
 def confine(name: str, pid: int, *, cores: list[int], cpu_limit: float | None = None,
-            mem_limit: int | None = None) -> Applied:
+            mem_limit: int | None = None, pids_limit: int | None = None) -> Applied:
     """Put process ``pid`` (and so every process it starts) in the control group ``multigpu/name``
     with the limits given; CPU affinity to ``cores`` in every case. Never raises for a limit
     the machine lacks: the result lists what was applied and what was not."""
     applied = Applied()
     v = version()
+    knobs = _knobs(cores, cpu_limit, mem_limit, pids_limit)
     try:
         if v == 2:
-            parent = CGROUP / PARENT
-            parent.mkdir(exist_ok=True)
-            wanted = [c for c in ("cpu", "memory", "cpuset") if c in (CGROUP / "cgroup.controllers").read_text().split()]
-            for folder in (CGROUP, parent):
-                _write(folder / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
-            group = parent / name
-            group.mkdir(exist_ok=True)
-            if "cpuset" in wanted:
-                _write(group / "cpuset.cpus", cpulist(cores))
-                applied.limits.append(f"cpuset {cpulist(cores)}")
-            if cpu_limit and "cpu" in wanted:
-                _write(group / "cpu.max", f"{int(cpu_limit * PERIOD_US)} {PERIOD_US}")
-                applied.limits.append(f"cpu {cpu_limit:g} cores")
-            if mem_limit and "memory" in wanted:
-                _write(group / "memory.max", str(mem_limit))
-                applied.limits.append(f"memory {mem_limit / 2**30:.1f} GiB")
-            _write(group / "cgroup.procs", str(pid))
-            applied.cgroup = str(group)
+            _confine_v2(name, pid, knobs, applied)
         elif v == 1:
-            g = _v1_group("cpuset", name)
-            _write(g / "cpuset.cpus", cpulist(cores))
-            _write(g / "cgroup.procs", str(pid))
-            applied.limits.append(f"cpuset {cpulist(cores)}")
-            if cpu_limit:
-                g = _v1_group("cpu", name)
-                _write(g / "cpu.cfs_period_us", str(PERIOD_US))
-                _write(g / "cpu.cfs_quota_us", str(int(cpu_limit * PERIOD_US)))
-                _write(g / "cgroup.procs", str(pid))
-                applied.limits.append(f"cpu {cpu_limit:g} cores")
-            if mem_limit:
-                g = _v1_group("memory", name)
-                _write(g / "memory.limit_in_bytes", str(mem_limit))
-                _write(g / "cgroup.procs", str(pid))
-                applied.limits.append(f"memory {mem_limit / 2**30:.1f} GiB")
-            applied.cgroup = f"{PARENT}/{name} (cgroup v1)"
+            _confine_v1(name, pid, knobs, applied)
         else:
-            applied.missing.append("no writable cgroup hierarchy on this machine: CPU time and memory are not bounded")
+            applied.missing.append("no writable cgroup hierarchy on this machine: CPU time, memory and processes "
+                                   "are not bounded")
     except OSError as e:
-        applied.missing.append(f"cgroups refused ({e}): CPU time and memory are not bounded")
+        applied.missing.append(f"cgroups refused ({e}): CPU time, memory and processes are not bounded")
     os.sched_setaffinity(pid, cores)
     applied.limits.append(f"affinity {cpulist(cores)}")
     return applied
 
 
-def release(name: str) -> None:
-    """Remove the (empty) control group ``multigpu/name`` once its server has stopped."""
-    folders = [CGROUP / PARENT / name] if version() == 2 else [CGROUP / c / PARENT / name for c in ("cpu", "memory", "cpuset")]
-    for folder in folders:
+def _confine_v2(name: str, pid: int, knobs: list[Knob], applied: Applied) -> None:
+    parent = CGROUP / PARENT
+    parent.mkdir(exist_ok=True)
+    available = (CGROUP / "cgroup.controllers").read_text().split()
+    wanted = [c for c in ("cpu", "memory", "cpuset", "pids") if c in available]
+    for folder in (CGROUP, parent):
+        _write(folder / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+    group = parent / name
+    group.mkdir(exist_ok=True)
+    for controller, _v1, files, words in knobs:
+        if controller not in wanted:
+            applied.missing.append(f"no {controller} controller: {words}")
+            continue
+        for file, value in files.items():
+            _write(group / file, value)
+        applied.limits.append(words)
+    _write(group / "cgroup.procs", str(pid))
+    applied.cgroup = str(group)
+
+
+def _confine_v1(name: str, pid: int, knobs: list[Knob], applied: Applied) -> None:
+    for controller, files, _v2, words in knobs:
+        if not os.access(CGROUP / controller, os.W_OK):
+            applied.missing.append(f"no {controller} controller: {words}")
+            continue
+        group = _v1_group(controller, name)
+        for file, value in files.items():
+            _write(group / file, value)
+        _write(group / "cgroup.procs", str(pid))
+        applied.limits.append(words)
+    applied.cgroup = f"{PARENT}/{name} (cgroup v1)"
+
+
+#: The version 1 hierarchies :func:`confine` uses.
+V1_CONTROLLERS = ("cpu", "memory", "cpuset", "pids")
+
+
+def _folders(name: str) -> list[Path]:
+    if version() == 2:
+        return [CGROUP / PARENT / name]
+    return [CGROUP / c / PARENT / name for c in V1_CONTROLLERS]
+
+
+def members(name: str) -> set[int]:
+    """The processes in the control group ``multigpu/name`` (in any of its hierarchies)."""
+    pids: set[int] = set()
+    for folder in _folders(name):
+        try:
+            pids |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def release(name: str, wait_s: float = 10.0) -> set[int]:
+    """Kill every process left in the control group ``multigpu/name`` (a daemon a learner started;
+    what a killed process forks on the way joins the group and is killed in the next round), then
+    remove the group. Returns the processes it killed."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + wait_s
+    while (left := members(name)) and time.monotonic() < deadline:
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    for folder in _folders(name):
         try:
             folder.rmdir()
         except OSError:
-            pass  # absent, or a process is still in it: the next confine reuses it
+            pass  # absent, or a process in uninterruptible sleep is still in it: the next confine reuses it
+    return killed

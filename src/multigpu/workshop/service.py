@@ -2,12 +2,16 @@
 ``python -m multigpu.workshop.service``).
 
 Every few seconds it looks for new submissions in nbgrader's exchange (the file exchange's
-inbound folder on one box; ngshare on Kubernetes, :mod:`ngshare`) and records each one in the
-queue on disk (:mod:`jobs`); one at a time, it grades the oldest in a child process pinned to
-the cores kept for grading (``multigpu workshop grade-job ID`` through ``multigpu.running.launch``,
-bounded by ``MULTIGPU_GRADING_TIMEOUT``). Its page (``/services/grading/``, behind the hub's
-login) shows a learner their own submissions only: place in the queue, state, scores, the
-grader's report, feedback and certificate; an instructor sees every learner's.
+inbound folder on one box, each entry checked on its own and the submission copied as it
+arrived: :mod:`submissions`; ngshare on Kubernetes, :mod:`ngshare`) and records each one in the
+queue on disk (:mod:`jobs`); one at a time, learners in turn, it grades a job in a child process
+pinned to the cores kept for grading, in a control group of its own whose leftovers are killed
+when it ends (``multigpu workshop grade-job ID`` through ``multigpu.running.launch``, bounded by
+``MULTIGPU_GRADING_TIMEOUT``). Its page (``/services/grading/``, behind the hub's login) shows a
+learner their own submissions only: place in the queue, state, scores, the grader's report,
+feedback and certificate; an instructor sees every learner's, and the exchange's entries that
+were not graded. Feedback pages (nbgrader's HTML, with content the learner wrote) are served
+under ``Content-Security-Policy: sandbox``: no script in them runs on the hub's origin.
 """
 
 from __future__ import annotations
@@ -18,13 +22,18 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from multigpu.workshop import accounts, grading, jobs, layout, ngshare
+from multigpu.workshop import accounts, jobs, layout, limits, ngshare, safefiles, submissions
 from multigpu.workshop.layout import Hub
 
 SCAN_S = 2.0
+#: Feedback pages are served sandboxed: a unique origin, no scripts, no forms, no plugins.
+FEEDBACK_POLICY = "sandbox; default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:"
+#: The largest file the page serves (a feedback page with its figures, a certificate).
+MAX_FILE_BYTES = 64 * 2**20
 #: The longest one grading may take before it is stopped (an official grading is about 3 min on
 #: the 2-core machine; a lab's autograde runs its notebook once).
 GRADING_TIMEOUT_S = 3600
@@ -42,27 +51,83 @@ def grading_cores() -> set[int] | None:
     return {int(c) for c in given.split(",")} if given else None
 
 
-def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None) -> list[jobs.Job]:
+def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
+         seen: set[str] | None = None) -> list[jobs.Job]:
     """Record every new submission, in the exchange's inbound folder or in ngshare (``source``:
-    ngshare names each submitter by their hub token); returns the new jobs."""
+    ngshare names each submitter by their hub token); returns the new jobs. ``seen``: the names
+    already recorded (the scanner keeps it across scans; default: read from the queue)."""
+    seen = queue.seen() if seen is None else seen
     if source is not None:
-        return [queue.add(s.name, s.student, s.assignment, s.timestamp)
-                for s in source.submissions() if not queue.known(s.name)]
-    new: list[jobs.Job] = []
+        return scan_ngshare(queue, source, seen)
     if not hub.inbound.is_dir():
-        return new
-    for entry in sorted(os.scandir(hub.inbound), key=lambda e: e.name):
-        if not entry.is_dir(follow_symlinks=False) or queue.known(entry.name):
+        return []
+    assignments = submissions.released(hub)
+    with safefiles.opened(os.open(hub.inbound, safefiles.DIR_FLAGS)) as inbound:
+        arrivals = []
+        for name in os.listdir(inbound):
+            if name in seen:
+                continue
+            try:
+                arrival, fd = submissions.check(inbound, name, assignments)
+            except submissions.NotASubmission as e:
+                owner = submissions.owner_of(inbound, name)
+                queue.ignore(name, owner, str(e))
+                seen.add(name)
+                print(f"grading service: not graded: {name!a} (made by {owner}): {e}", flush=True)
+                continue
+            if submissions.settled(fd, time.time()):
+                arrivals.append((arrival, fd))
+            else:  # still being written: the next scan looks again
+                os.close(fd)
+        return take_arrivals(hub, queue, arrivals, seen)
+
+
+def take_arrivals(hub: Hub, queue: jobs.Queue, arrivals: list[tuple[submissions.Arrival, int]],
+                  seen: set[str]) -> list[jobs.Job]:
+    """Queue the latest arrival of each learner and assignment (its copy taken: a refused one
+    fails with the reason), record the earlier ones as replaced unread; closes the descriptors."""
+    latest: dict[tuple[str, str], tuple[submissions.Arrival, int]] = {}
+    new: list[jobs.Job] = []
+    for arrival, fd in sorted(arrivals, key=lambda a: a[0].timestamp):
+        earlier = latest.pop((arrival.student, arrival.assignment), None)
+        latest[(arrival.student, arrival.assignment)] = (arrival, fd)
+        if earlier is not None:
+            os.close(earlier[1])
+            queue.add(earlier[0].name, earlier[0].student, earlier[0].assignment, earlier[0].timestamp,
+                      state="replaced", message="a later submission of the same assignment arrived with it")
+            seen.add(earlier[0].name)
+    for arrival, fd in latest.values():
+        with safefiles.opened(fd):
+            try:
+                submissions.take(hub, arrival, fd)
+                job = queue.add(arrival.name, arrival.student, arrival.assignment, arrival.timestamp)
+            except safefiles.Refused as e:
+                job = queue.add(arrival.name, arrival.student, arrival.assignment, arrival.timestamp, state="failed",
+                                message=f"not graded: {e}. Submit again from the Assignments tab.")
+            except OSError as e:  # changed under the copy: this learner's alone, the others go on
+                job = queue.add(arrival.name, arrival.student, arrival.assignment, arrival.timestamp, state="failed",
+                                message=f"not graded: the submission could not be copied ({e.strerror}). "
+                                "Submit again from the Assignments tab.")
+        seen.add(arrival.name)
+        new.append(job)
+        for old in queue.jobs(arrival.student):
+            if old.state == "replaced":
+                submissions.forget(hub, old.submission)
+    return new
+
+
+def scan_ngshare(queue: jobs.Queue, source: ngshare.Ngshare, seen: set[str]) -> list[jobs.Job]:
+    """ngshare's submissions of released assignments (it keeps each as it was sent)."""
+    assignments = set(source.assignments())
+    new = []
+    for s in source.submissions():
+        if s.name in seen:
             continue
-        parsed = grading.parse_submission(entry.name)
-        if parsed is None:
+        seen.add(s.name)
+        if not submissions.valid_parts(s.student, s.assignment) or s.assignment not in assignments:
+            queue.ignore(s.name, s.student, "not a released assignment's submission")
             continue
-        student, assignment, stamp = parsed
-        if not grading.submitter_matches(Path(entry.path), student):
-            new.append(queue.add(entry.name, student, assignment, stamp, state="failed",
-                                 message=f"a submission in the name of {student!r} was made by another account: not graded"))
-            continue
-        new.append(queue.add(entry.name, student, assignment, stamp))
+        new.append(queue.add(s.name, s.student, s.assignment, s.timestamp))
     return new
 
 
@@ -72,14 +137,22 @@ def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADI
     from multigpu.running import launch
 
     env = dict(os.environ, MULTIGPU_HUB_ROOT=str(hub.root))
+    group = f"grading-{hub.tag}"
+    pids, _memory = limits.grading_limits()
+    cores = grading_cores()
+
+    def confine() -> None:  # in the child, before the grading starts: every process of the job in one group
+        limits.confine(group, os.getpid(), cores=sorted(cores or os.sched_getaffinity(0)), pids_limit=pids)
+
     proc = launch.start([sys.executable, "-m", "multigpu.cli", "workshop", "grade-job", str(job.id)], env=env,
-                        cores=grading_cores())
+                        cores=cores, before_exec=confine)
     RUNNING[job.id] = proc
     try:
-            result = launch.supervise([proc], [f"job {job.id}"], timeout, echo=True, what=f"grading job {job.id}",
+        result = launch.supervise([proc], [f"job {job.id}"], timeout, echo=True, what=f"grading job {job.id}",
                                   raise_on_timeout=False)
     finally:
         RUNNING.pop(job.id, None)
+        limits.release(group)
     after = queue.get(job.id)
     if after is not None and after.state == "running" and not STOPPING.is_set():
         code = result.returncodes[0]
@@ -90,16 +163,20 @@ def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADI
             tail = "\n".join(result.output[-10:])
             message = f"the grading crashed (exit {code}); your submission is kept and the instructor has been told:\n{tail}"
         queue.finish(job.id, "failed", message)
-    return queue.get(job.id)  # type: ignore[return-value]
+    after = queue.get(job.id)
+    if after is not None and after.state in ("done", "failed"):
+        submissions.forget(hub, job.submission)
+    return after  # type: ignore[return-value]
 
 
 async def scanner(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None) -> None:
     """Record new submissions every few seconds, also while a grading runs (so a learner sees
     their place in the queue at once)."""
     loop = asyncio.get_running_loop()
+    seen = queue.seen()
     while True:
         try:
-            await loop.run_in_executor(None, scan, hub, queue, source)
+            await loop.run_in_executor(None, scan, hub, queue, source, seen)
         except Exception as e:
             print(f"grading service: scanning the exchange failed: {e!r}", file=sys.stderr, flush=True)
         await asyncio.sleep(SCAN_S)
@@ -138,10 +215,9 @@ def render(hub: Hub, queue: jobs.Queue, user: str, instructor: bool, prefix: str
         detail = html.escape(job.message)
         res = job.result or {}
         links = []
-        feedback = hub.course / "feedback" / job.student / job.assignment
-        if job.state == "done" and feedback.is_dir():
-            links += [f'<a href="{prefix}files/{job.id}/feedback/{html.escape(p.name)}">{html.escape(p.stem)} feedback</a>'
-                      for p in sorted(feedback.glob("*.html"))]
+        if job.state == "done":
+            links += [f'<a href="{prefix}files/{job.id}/feedback/{html.escape(nb)}.html">{html.escape(nb)} feedback</a>'
+                      for nb in feedback_pages(hub, job)]
         cert = res.get("certificate")
         if cert:
             links += [f'<a href="{prefix}files/{job.id}/certificate/{kind}">certificate ({kind})</a>' for kind in ("pdf", "json")]
@@ -157,16 +233,30 @@ def render(hub: Hub, queue: jobs.Queue, user: str, instructor: bool, prefix: str
             "same assignment replaces one still waiting.</p>")
     table = ("<table><tr><th>#</th><th>learner</th><th>assignment</th><th>submitted</th><th>state</th><th>result</th></tr>"
              + "".join(rows) + "</table>") if rows else "<p>No submissions yet.</p>"
+    if instructor:
+        count, latest = queue.ignored()
+        if count:
+            table += (f"<h2>Not graded: {count} entries of the exchange that are not submissions</h2><ul>"
+                      + "".join(f"<li>{html.escape(ascii(name))} (made by {html.escape(owner)}): {html.escape(why)}</li>"
+                                for name, owner, why in latest) + "</ul>")
     return (f"<!doctype html><html><head><meta charset='utf-8'><meta http-equiv='refresh' content='10'>"
             f"<title>Grading</title><style>{STYLE}</style></head><body>{head}{table}</body></html>")
+
+
+def feedback_pages(hub: Hub, job: jobs.Job) -> list[str]:
+    """The notebooks of ``job`` whose feedback page exists (nbgrader's, one per graded notebook;
+    any other HTML file a learner submitted is never served)."""
+    graded = ((job.result or {}).get("autograde") or {}).get("notebooks") or {}
+    folder = hub.course / "feedback" / job.student / job.assignment
+    return [nb for nb in sorted(graded) if (folder / f"{nb}.html").is_file()]
 
 
 def file_for(hub: Hub, job: jobs.Job, kind: str, name: str) -> Path | None:
     """The feedback page or certificate file of ``job`` named by a URL, or None."""
     if kind == "feedback":
-        folder = hub.course / "feedback" / job.student / job.assignment
-        path = folder / name
-        return path if path.parent == folder and path.suffix == ".html" and path.is_file() else None
+        pages = feedback_pages(hub, job)
+        return hub.course / "feedback" / job.student / job.assignment / name if name[:-5] in pages and \
+            name.endswith(".html") else None
     if kind == "certificate" and job.result and job.result.get("certificate") and name in ("pdf", "json"):
         return Path(job.result["certificate"][name])
     return None
@@ -208,9 +298,12 @@ def make_app(hub: Hub, queue: jobs.Queue) -> Any:
                 raise web.HTTPError(404)
             types = {".html": "text/html", ".pdf": "application/pdf", ".json": "application/json"}
             self.set_header("Content-Type", types.get(path.suffix, "application/octet-stream"))
-            if path.suffix != ".html":
+            self.set_header("X-Content-Type-Options", "nosniff")
+            if path.suffix == ".html":  # learner-written content: shown, but as from an origin of its own, no script
+                self.set_header("Content-Security-Policy", FEEDBACK_POLICY)
+            else:
                 self.set_header("Content-Disposition", f'attachment; filename="{path.name}"')
-            self.write(path.read_bytes())
+            self.write(safefiles.read_file(path.parent, path.name, max_bytes=MAX_FILE_BYTES))
 
     return web.Application([
         (prefix, Page),

@@ -362,6 +362,7 @@ def ensure_dataset(root: str | os.PathLike | None = None, *, progress: bool = Tr
                         "or use JPEGFolder on it directly if it is your own ImageFolder data."
                     )
             tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+            os.chmod(tmp, 0o755)  # mkdtemp's 700 would hide it from the grading sandbox's account
             try:
                 generate_dataset(tmp, progress=progress, **p)
                 if root.exists():

@@ -1,0 +1,690 @@
+"""Issue 37: a learner with a terminal on the workshop hub (arbitrary code as their own uid) against
+the hub, one test per hole, each performing the attack the way a learner would: as their Unix
+account, with real files at the real places the hub uses, on a real hub (``test_workshop_hub``'s
+``running_hub``: a temporary root, its accounts removed at the end). Where a hub adds nothing the
+test drives the exact code path with real accounts, files and permissions instead.
+
+Root, ``make hub-deps`` and ``MULTIGPU_TEST_HUB=1`` (``make test-hub``); about 15 minutes on the
+2-core machine, most of it six Lab 0 gradings. docs/workshop.md's trust model lists each hole with
+its test.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from conftest import REPO
+from multigpu.workshop import jobs, layout
+from test_workshop_hub import HUB_PY, WHY_NOT, HubUnderTest, running_hub
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")]
+
+GRADE_S = 900  # a Lab 0 grading on the busy 2-core machine, with one or two ahead of it
+#: the hub's limits, small enough to reach on purpose (the learner servers' and the grading's)
+LEARNER_PIDS, GRADING_PIDS, GRADING_MEM_GB = 160, 320, 3
+SOLUTION_MARK = "### BEGIN SOLUTION"
+
+
+# ------------------------------------------------------------------------------------ helpers
+def stamp() -> str:
+    """nbgrader's submission timestamp (its default format)."""
+    return f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S.%f %Z}"
+
+
+def submission_name(student: str, assignment: str) -> str:
+    return f"{student}+{assignment}+{stamp()}+{uuid.uuid4().hex[:12]}"
+
+
+def learner_python(hub: HubUnderTest, user: str, code: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return hub.as_user(user, str(HUB_PY), "-c", code, *args, check=check)
+
+
+def wait_for(what: str, ready: Callable[[], object], timeout: float, hub: HubUnderTest) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = ready()
+        if got:
+            return got
+        time.sleep(2)
+    queue = jobs.Queue(hub.hub.queue_db)
+    pytest.fail(f"{what} within {timeout:.0f} s; queue: {[(j.id, j.student, j.assignment, j.state) for j in queue.jobs()]}"
+                f"\n{hub.log.read_text()[-3000:]}")
+
+
+def job_of(hub: HubUnderTest, name: str) -> jobs.Job | None:
+    return next((j for j in jobs.Queue(hub.hub.queue_db).jobs() if j.submission == name), None)
+
+
+def finished(hub: HubUnderTest, name: str, timeout: float = GRADE_S) -> jobs.Job:
+    """The job of the submission ``name`` once it is done or failed."""
+    return wait_for(f"{name} was not graded", lambda: (j := job_of(hub, name)) and j.state in ("done", "failed") and j,
+                    timeout, hub)  # type: ignore[return-value]
+
+
+def idle(hub: HubUnderTest, timeout: float = GRADE_S) -> None:
+    queue = jobs.Queue(hub.hub.queue_db)
+    wait_for("the queue did not empty", lambda: not any(j.state in ("queued", "held", "running") for j in queue.jobs()),
+             timeout, hub)
+
+
+def submit(hub: HubUnderTest, user: str) -> str:
+    """``nbgrader submit lab-00`` as ``user``; the name of the folder it made in the inbound exchange."""
+    before = set(os.listdir(hub.hub.inbound))
+    time.sleep(1.1)  # nbgrader's timestamps tell two submissions apart
+    hub.nbgrader(user, "submit", "lab-00")
+    (name,) = [n for n in set(os.listdir(hub.hub.inbound)) - before if n.startswith(f"{user}+")]
+    return name
+
+
+def home(user: str) -> Path:
+    return Path(pwd.getpwnam(user).pw_dir)
+
+
+def write_as(user: str, path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+    pw = pwd.getpwnam(user)
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+def lab0(user: str) -> Path:
+    return home(user) / "lab-00" / "00-welcome.ipynb"
+
+
+def grader_processes() -> list[psutil.Process]:
+    try:
+        uid = pwd.getpwnam(layout.GRADER_USER).pw_uid
+    except KeyError:
+        return []
+    return [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and uid in (p.info["uids"].real, p.info["uids"].effective)]
+
+
+def files_holding(root: Path, needle: bytes, skip: set[Path]) -> list[str]:
+    """Every regular file under ``root`` (links not followed) whose bytes hold ``needle``."""
+    found = []
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            path = Path(dirpath) / name
+            try:
+                st = path.lstat()
+                if path in skip or not stat.S_ISREG(st.st_mode) or st.st_size > 64 * 2**20:
+                    continue
+                if needle in path.read_bytes():
+                    found.append(str(path))
+            except OSError:
+                continue
+    return found
+
+
+# ------------------------------------------------------------------------------------ the hub
+@pytest.fixture(scope="module")
+def hub():
+    tag = f"mga{os.getpid() % 100000}"
+    with running_hub(tag, MULTIGPU_LEARNER_PIDS=str(LEARNER_PIDS), MULTIGPU_GRADING_PIDS=str(GRADING_PIDS),
+                     MULTIGPU_GRADING_MEM_GB=str(GRADING_MEM_GB)) as h:
+        course = h.hub.course
+        h.nbgrader(h.instructor, "generate_assignment", "lab-00", "--force", cwd=course)
+        h.nbgrader(h.instructor, "release_assignment", "lab-00", cwd=course)
+        for learner in h.learners:
+            h.nbgrader(learner, "fetch_assignment", "lab-00")
+            shutil.copyfile(lab0(learner), home(learner) / "blank-00-welcome.ipynb")
+        yield h
+
+
+def learners(hub: HubUnderTest) -> tuple[str, str]:
+    a, b = sorted(hub.learners)
+    return a, b
+
+
+def reset_lab0(user: str, cells: list[str] = (), solved: bool = False, markdown: list[str] = ()) -> None:
+    """The learner's Lab 0 notebook: the blank release (or the solution's answers) plus ``cells``
+    (code) and ``markdown`` cells."""
+    nb = nbformat.read(REPO / "solutions" / "notebooks" / "00-welcome.ipynb" if solved
+                       else home(user) / "blank-00-welcome.ipynb", as_version=4)
+    nb.cells += [nbformat.v4.new_markdown_cell(m) for m in markdown] + [nbformat.v4.new_code_cell(c) for c in cells]
+    write_as(user, lab0(user), nbformat.writes(nb).encode())
+
+
+# 2 ---------------------------------------------------------------------------------------------
+def test_2_a_learner_cannot_swap_the_course_exchange_for_their_own(hub):
+    """Move the course's exchange folder (or a part of it) aside and put one's own in its place,
+    then read later submissions, publish fake assignments, delete releases. What the learner
+    managed is undone before the test fails (the tests after it need the exchange)."""
+    a, _ = learners(hub)
+    course_ex = hub.hub.exchange / layout.COURSE_ID
+    done = []
+    for folder in (course_ex, course_ex / "outbound", course_ex / "inbound", course_ex / "feedback"):
+        aside = folder.with_name(folder.name + "-aside")
+        if hub.as_user(a, "mv", str(folder), str(aside), check=False).returncode == 0:
+            done.append(f"moved {folder.name} aside")
+            os.rename(aside, folder)
+    if hub.as_user(a, "mkdir", str(course_ex / "outbound" / "lab-99"), check=False).returncode == 0:
+        done.append("published an assignment")
+        os.rmdir(course_ex / "outbound" / "lab-99")
+    assert not done, f"a learner {', '.join(done)}"
+    owner = pwd.getpwnam(hub.instructor).pw_uid
+    assert course_ex.stat().st_uid == owner and (course_ex / "outbound" / "lab-00").stat().st_uid == owner
+    assert stat.S_IMODE(hub.hub.exchange.stat().st_mode) == 0o1777
+
+
+# 1 ---------------------------------------------------------------------------------------------
+def test_1_a_submission_of_links_to_the_signing_key_is_refused_and_nothing_leaks(hub):
+    """A Lab 0 folder made by hand in the inbound exchange whose k.html is a link to the course's
+    signing key (and another to the hub's cookie secret): graded, it would carry the key through
+    submitted/, autograded/, feedback/ and the exchange's world-readable feedback."""
+    a, _ = learners(hub)
+    key = Path(hub.env["MULTIGPU_CERTIFICATE_KEY"])
+    secret = hub.hub.state / "jupyterhub_cookie_secret"
+    name = submission_name(a, "lab-00")
+    folder = hub.hub.inbound / name
+    learner_python(hub, a, "import os, shutil, sys; d = sys.argv[1]; os.mkdir(d); "
+                   "shutil.copyfile(os.path.expanduser('~/blank-00-welcome.ipynb'), d + '/00-welcome.ipynb'); "
+                   "os.symlink(sys.argv[2], d + '/k.html'); os.symlink(sys.argv[3], d + '/s.html'); "
+                   "open(d + '/timestamp.txt', 'w').write(sys.argv[4]); "
+                   "open(d + '/submission_secret.txt', 'w').write('0' * 128)",
+                   str(folder), str(key), str(secret), name.split("+")[2])
+    job = finished(hub, name)
+    idle(hub)
+    key_bytes = key.read_bytes().strip().splitlines()[1]  # a line of the key's base64 body
+    leaks = files_holding(hub.root, key_bytes, skip=set()) + files_holding(hub.root, secret.read_bytes().strip()[:32],
+                                                                          skip={secret})
+    assert not leaks, f"the key or the cookie secret was copied into {leaks}"
+    assert job.state == "failed" and "symbolic link" in job.message, f"{job.state}: {job.message}"
+
+
+# 6 ---------------------------------------------------------------------------------------------
+def test_6_a_folder_with_a_name_that_is_not_utf8_does_not_stop_the_queue(hub):
+    """A folder whose name is not UTF-8 made every scan raise, so nothing after it was queued."""
+    _, b = learners(hub)
+    bad = os.fsdecode(os.fsencode(hub.hub.inbound) + b"/!\xff\xfe+lab-00+" + stamp().encode() + b"+x")
+    learner_python(hub, b, "import os, sys; os.mkdir(sys.argv[1])", bad)  # the bytes as they are (surrogateescape)
+    assert b"!\xff\xfe+lab-00" in b"".join(os.listdir(os.fsencode(hub.hub.inbound)))
+    try:
+        reset_lab0(b)
+        name = submit(hub, b)
+        wait_for("a good submission after a bad name was not queued", lambda: job_of(hub, name), 120, hub)
+        assert "scanning the exchange failed" not in hub.log.read_text()[-20000:]
+    finally:
+        os.rmdir(os.fsencode(bad))  # the later tests need a working queue, whatever this one found
+
+
+# 7 ---------------------------------------------------------------------------------------------
+def test_7_bad_assignment_names_and_a_flood_neither_delete_work_nor_queue_jobs(hub):
+    """``..`` as the assignment made the job's destination the whole ``course/submitted`` folder,
+    which was then deleted; folders for 30 made-up assignments queued 30 jobs. (That learners take
+    turns in the queue, whatever one of them submits: ``tests/test_workshop.py``.)"""
+    a, b = learners(hub)
+    idle(hub)
+    submitted_b = hub.hub.course / "submitted" / b / "lab-00" / "00-welcome.ipynb"
+    if not submitted_b.is_file():  # B's graded Lab 0: the work a '..' would delete
+        reset_lab0(b)
+        finished(hub, submit(hub, b))
+    queue = jobs.Queue(hub.hub.queue_db)
+    flood = [submission_name(a, f"lab-9{i:02d}") for i in range(30)]
+    dotdot = submission_name(a, "..")
+    for names in (flood, [dotdot]):  # the '..' after the flood: A has folders in the course by then
+        learner_python(hub, a, "import os, shutil, sys\nfor d in sys.argv[2:]:\n    d = sys.argv[1] + '/' + d; os.mkdir(d)\n"
+                       "    shutil.copyfile(os.path.expanduser('~/blank-00-welcome.ipynb'), d + '/00-welcome.ipynb')",
+                       str(hub.hub.inbound), *names)
+        wait_for("the service did not look at the made-up submissions", lambda: all(queue.known(n) for n in names),
+                 120, hub)
+        idle(hub)
+    names = [*flood, dotdot]
+    assert submitted_b.is_file(), "a submission named '..' deleted the course's submitted work"
+    made_up = [j for j in queue.jobs(a) if j.submission in names]
+    assert not made_up, f"{len(made_up)} jobs for made-up assignments: {[(j.assignment, j.state) for j in made_up[:3]]}"
+
+
+# 12 --------------------------------------------------------------------------------------------
+def test_12_no_one_else_reads_or_replaces_a_submission_and_the_copy_taken_at_submission_is_graded(hub):
+    """nbgrader leaves a submission's folder mode 777: learner B, who learned the folder's name,
+    read and replaced learner A's work before it was graded. And what is graded must be what was
+    submitted, whatever happens to the folder afterwards."""
+    a, b = learners(hub)
+    idle(hub)
+    reset_lab0(b, solved=True)
+    blocker = submit(hub, b)  # keeps the grading busy while A's submission waits
+    wait_for("B's submission did not start", lambda: (j := job_of(hub, blocker)) and j.state == "running", GRADE_S, hub)
+    reset_lab0(a)
+    mine = submit(hub, a)
+    folder = hub.hub.inbound / mine
+    assert hub.as_user(b, "cat", str(folder / "00-welcome.ipynb"), check=False).returncode != 0, "B read A's submission"
+    out = hub.as_user(b, "sh", "-c", f'rm -f "{folder}/00-welcome.ipynb"; cp ~/blank-00-welcome.ipynb "{folder}/00-welcome.ipynb"',
+                      check=False)
+    assert out.returncode != 0 and (folder / "00-welcome.ipynb").stat().st_uid == pwd.getpwnam(a).pw_uid, \
+        "B replaced A's submitted notebook"
+    job = wait_for("A's submission was not queued", lambda: job_of(hub, mine), 120, hub)
+    assert job.state == "queued", f"A's job is {job.state}: the test needs it waiting"
+    swapped = time.time()
+    reset_lab0(a, solved=True)  # A's own folder, changed after submitting: the solution's answers
+    hub.as_user(a, "cp", str(lab0(a)), str(folder / "00-welcome.ipynb"))
+    done = finished(hub, mine)
+    assert done.started and done.started > swapped, "A's grading started before the folder changed: inconclusive"
+    assert done.state == "done" and done.result["autograde"]["score"] == 0, \
+        f"graded what the folder held later, not what was submitted: {done.message}"
+
+
+# 3, 4, 5, 8, 9, 10 -----------------------------------------------------------------------------
+HOSTILE_CELL = r'''
+import json, os, subprocess, sys, time
+report = {"uid": os.getuid(), "cwd": os.getcwd(), "leaks": []}
+# 9: a solution notebook within reach: anywhere in this grading's scratch folder, or the checkout
+mark = "### BEGIN " + "SOLUTION"
+top = os.getcwd()
+while os.path.dirname(top) != top and not os.path.basename(top).startswith("job-"):
+    top = os.path.dirname(top)
+candidates = [CHECKOUT_SOLUTION]
+for dirpath, dirs, files in os.walk(top):
+    candidates += [os.path.join(dirpath, f) for f in files if f.endswith(".ipynb")]
+for path in candidates:
+    try:
+        if mark in open(path).read():
+            report["leaks"].append(path)
+    except OSError:
+        pass
+# 10: as many processes as it can, then as much memory
+kids, error = [], None
+for _ in range(FORKS):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        error = e.strerror
+        break
+    if pid == 0:
+        time.sleep(120)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+report["forks"], report["fork_error"] = len(kids), error
+hog = "b = bytearray(HOG); b[::4096] = bytes(len(range(0, HOG, 4096))); print('allocated')".replace("HOG", str(HOG))
+report["hog"] = subprocess.run([sys.executable, "-c", hog], capture_output=True, text=True).returncode
+# 3 and 8: a daemon in a session of its own that outlives the cell and edits the scratch gradebook
+up = os.getcwd()
+while os.path.dirname(up) != up and not os.path.exists(os.path.join(up, "gradebook.db")):
+    up = os.path.dirname(up)
+report["gradebook"] = gradebook = os.path.join(up, "gradebook.db")
+daemon = """
+import sqlite3, sys, time
+end = time.time() + 1200
+while time.time() < end:
+    try:
+        con = sqlite3.connect(sys.argv[2], timeout=0.2)
+        con.execute("UPDATE grade SET auto_score = 1000")
+        con.commit()
+        con.close()
+    except Exception:
+        pass
+    time.sleep(0.05)
+"""
+subprocess.Popen([sys.executable, "-c", daemon, MARKER, gradebook], start_new_session=True, stdin=subprocess.DEVNULL,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print("HOSTILE " + json.dumps(report))
+# 5: script for whoever renders this notebook's outputs (the instructor's formgrader)
+from IPython.display import HTML, Javascript, display
+display(HTML("<scr" + "ipt>window.MGA_" + TAG + "_html = 1</script>"))
+display(Javascript("window.MGA_" + TAG + "_js = 1"))
+'''
+
+SPINNER = r'''
+import json, os, sys, time
+scratch, first, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+opened, held = set(), []
+while not os.path.exists(stop):
+    for k in range(first, first + 3):
+        try:
+            top = os.open(f"{scratch}/job-{k}", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        opened.add(f"job-{k}")
+        for sub in ("source", "gen", "course", "submitted"):  # descriptors kept after the folder is closed
+            try:
+                held.append((f"job-{k}/{sub}", os.open(sub, os.O_RDONLY | os.O_DIRECTORY, dir_fd=top)))
+                opened.add(f"job-{k}/{sub}")
+            except OSError:
+                pass
+        os.close(top)
+read_later = []
+for name, fd in held:  # the folders are closed now: what can the descriptors still reach?
+    for dirpath, _dirs, files, dfd in os.fwalk(".", dir_fd=fd):
+        for f in files:
+            try:
+                read_later.append(f"{name}/{dirpath}/{f}: {len(os.read(os.open(f, os.O_RDONLY, dir_fd=dfd), 1 << 20))} bytes")
+            except OSError:
+                pass
+print(json.dumps({"opened": sorted(opened), "read_later": read_later}))
+'''
+
+
+@pytest.fixture(scope="module")
+def hostile(hub):
+    """Learner A submits Lab 0 with one added cell that tries holes 3, 8, 9 and 10 from inside the
+    autograde, and a k.html of their own; learner A's terminal meanwhile tries to open the next
+    gradings' scratch folders (hole 4). Yields what was observed."""
+    a, _ = learners(hub)
+    idle(hub)
+    marker = f"hostile-daemon-{uuid.uuid4().hex}"
+    tag = uuid.uuid4().hex[:8]
+    cell = (HOSTILE_CELL.replace("CHECKOUT_SOLUTION", repr(str(REPO / "solutions" / "notebooks" / "00-welcome.ipynb")))
+            .replace("FORKS", str(GRADING_PIDS + 100)).replace("HOG", str((GRADING_MEM_GB + 1) * 2**30))
+            .replace("MARKER", repr(marker)).replace("TAG", repr(tag)))
+    reset_lab0(a, [cell], markdown=[f"My answer. <script>window.MGA_{tag}_md = 1</script>"])
+    write_as(a, home(a) / "lab-00" / "k.html", b"<script>document.title = 'stolen ' + document.cookie</script>")
+    # a large file of the learner's own: root copies it while the scratch folder is being made,
+    # which widens any moment in which that folder is open
+    write_as(a, home(a) / "lab-00" / "pad.bin", os.urandom(24 * 2**20))
+    queue = jobs.Queue(hub.hub.queue_db)
+    first = max((j.id for j in queue.jobs()), default=0) + 1
+    stop = Path(tempfile.mkdtemp(prefix="mga-stop-", dir="/tmp")) / "stop"
+    stop.parent.chmod(0o755)
+    pw = pwd.getpwnam(a)
+    spinners = [subprocess.Popen(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--",
+                                  str(HUB_PY), "-c", SPINNER, str(hub.hub.scratch), str(first), str(stop)],
+                                 stdout=subprocess.PIPE, text=True, cwd="/") for _ in range(2)]
+    try:
+        time.sleep(1)
+        name = submit(hub, a)
+        job = finished(hub, name)
+        after = {"grader_processes": [p.pid for p in grader_processes()],
+                 "daemon": [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]}
+        stop.touch()
+        spun = [json.loads(p.communicate(timeout=120)[0]) for p in spinners]
+    finally:
+        stop.touch()
+        for p in spinners:
+            p.kill()
+        shutil.rmtree(stop.parent, ignore_errors=True)
+    nb = nbformat.read(hub.hub.course / "autograded" / a / "lab-00" / "00-welcome.ipynb", as_version=4)
+    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    report = json.loads(next(line for line in outputs.splitlines() if line.startswith("HOSTILE "))[len("HOSTILE "):])
+    yield {"job": job, "report": report, "spinner": spun, "tag": tag, **after}
+    for pid in after["daemon"]:  # the code before the fix left it running: end it here
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def test_3_a_daemon_started_by_a_notebook_dies_with_its_grading(hub, hostile):
+    assert hostile["job"].state == "done", hostile["job"].message
+    assert hostile["report"]["uid"] == pwd.getpwnam(layout.GRADER_USER).pw_uid, "autograde ran as the grading account"
+    assert not hostile["daemon"], "a setsid daemon of a learner's notebook outlived its grading"
+    assert not hostile["grader_processes"], "processes of the grading account outlived the grading"
+
+
+def test_4_no_scratch_folder_is_ever_open_to_a_learner(hub, hostile):
+    """Two processes of the learner try, all through the grading, to open the next gradings' scratch
+    folders and keep descriptors of what is inside, to read it once the folder is closed."""
+    for spun in hostile["spinner"]:
+        assert spun["opened"] == [] and spun["read_later"] == [], f"a learner opened {spun}"
+
+
+def test_8_scores_are_recomputed_from_the_notebooks_not_taken_from_the_scratch_gradebook(hub, hostile):
+    from nbgrader.api import Gradebook
+
+    a, _ = learners(hub)
+    assert hostile["report"]["gradebook"].endswith("gradebook.db")
+    assert hostile["job"].result["autograde"]["score"] == 0, hostile["job"].result["autograde"]
+    with Gradebook(hub.hub.db_url) as gb:
+        sub = gb.find_submission("lab-00", a)
+        assert sub.score == 0 and all(g.score <= g.max_score for nb in sub.notebooks for g in nb.grades)
+
+
+def test_9_no_solution_is_within_reach_of_learner_code(hub, hostile):
+    a, _ = learners(hub)
+    assert hostile["report"]["leaks"] == [], f"the learner's notebook read solutions at {hostile['report']['leaks']}"
+    for path in (REPO / "solutions" / "notebooks" / "00-welcome.ipynb", REPO / "solutions" / "assessments" / "train.py"):
+        out = hub.as_user(a, "cat", str(path), check=False)
+        assert out.returncode != 0 and SOLUTION_MARK not in out.stdout, f"a learner read {path} in the hub's checkout"
+    out = learner_python(hub, a, "import multigpu.workshop.layout as l, multigpu.core.layout as c; print(c.course_root())")
+    assert out.stdout.strip() == str(REPO), "the learners' servers still import the course package"
+
+
+def test_10_autograde_is_bounded_in_processes_and_memory(hub, hostile):
+    report = hostile["report"]
+    assert report["fork_error"] and report["forks"] < GRADING_PIDS, f"{report['forks']} processes, then {report['fork_error']}"
+    assert report["hog"] == -9, f"a {GRADING_MEM_GB + 1} GiB allocation ended with {report['hog']}, not killed"
+
+
+def test_5_feedback_is_served_sandboxed_and_only_the_notebooks_feedback(hub, hostile):
+
+    a, _ = learners(hub)
+    job = hostile["job"]
+    s = login(hub, a, hub.learners[a])
+    page = s.get(hub.base + "/services/grading/")
+    assert page.status_code == 200 and f"files/{job.id}/feedback/00-welcome.html" in page.text
+    assert "feedback/k.html" not in page.text, "the page links a learner-named HTML file from the feedback folder"
+    assert s.get(hub.base + f"/services/grading/files/{job.id}/feedback/k.html").status_code == 404
+    r = s.get(hub.base + f"/services/grading/files/{job.id}/feedback/00-welcome.html")
+    assert r.status_code == 200 and "00-welcome" in r.text
+    policy = r.headers.get("Content-Security-Policy", "")
+    assert "sandbox" in policy and "allow-scripts" not in policy and "allow-same-origin" not in policy, policy
+
+
+def login(hub: HubUnderTest, user: str, password: str):
+    import requests
+
+    s = requests.Session()
+    s.get(hub.base + "/hub/login")
+    s.post(hub.base + "/hub/login", data={"username": user, "password": password, "_xsrf": s.cookies.get("_xsrf")},
+           allow_redirects=False)
+    return s
+
+
+def test_5_the_instructors_formgrader_runs_no_script_of_a_learner(hub, hostile):
+    """The instructor opens learner A's autograded Lab 0 in nbgrader's formgrader (their own server,
+    on the hub's origin): a script in A's markdown or outputs would act as the instructor there."""
+    from nbgrader.api import Gradebook
+
+    a, _ = learners(hub)
+    with Gradebook(hub.hub.db_url) as gb:
+        submission_id = gb.find_submission_notebook("00-welcome", "lab-00", a).id
+    s = login(hub, hub.instructor, hub.instructor_password)
+    s.get(hub.base + "/hub/spawn")
+    url = f"{hub.base}/user/{hub.instructor}/formgrader/submissions/{submission_id}/"
+    page = wait_for("the instructor's formgrader did not show A's notebook",
+                    lambda: (r := s.get(url)).status_code == 200 and "00-welcome" in r.text and r, 300, hub)
+    tag = hostile["tag"]
+    assert f"window.MGA_{tag}_md" in page.text, "A's markdown answer is shown (as text)"  # type: ignore[attr-defined]
+    for made in (f"<script>window.MGA_{tag}_md", f"window.MGA_{tag}_html", f"window.MGA_{tag}_js"):
+        assert made not in page.text, f"the formgrader page carries A's script {made!r}"  # type: ignore[attr-defined]
+
+
+# 10 --------------------------------------------------------------------------------------------
+BOMB = r'''
+import os, sys, time
+kids, error = [], None
+for _ in range(int(sys.argv[1])):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        error = e.strerror
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+print(len(kids), error)
+'''
+
+
+def test_10_a_fork_bomb_in_a_learner_server_stops_at_its_limit(hub):
+    """The bomb runs as the learner in their server's control groups, as a terminal of that
+    server would (the spawner puts the server there; its children inherit them)."""
+
+    a, _ = learners(hub)
+    s = login(hub, a, hub.learners[a])
+    s.get(hub.base + "/hub/spawn")
+
+    def server() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["username", "cmdline"]) if p.info["username"] == a
+                and any("jupyterhub-singleuser" in x for x in p.info["cmdline"] or [])]
+
+    (proc,) = wait_for(f"{a}'s server did not start", server, 300, hub)  # type: ignore[misc]
+    groups = [line.split(":", 2) for line in Path(f"/proc/{proc.pid}/cgroup").read_text().splitlines()]
+    pw = pwd.getpwnam(a)
+
+    def enter() -> None:  # in the child, as root: the server's groups, then the learner's uid
+        for _, controllers, path in groups:
+            for c in controllers.split(",") if controllers else [""]:
+                procs = Path("/sys/fs/cgroup") / c.removeprefix("name=") / path.lstrip("/") / "cgroup.procs"
+                if c and not c.startswith("name=") and procs.exists():
+                    procs.write_text(str(os.getpid()))
+        os.initgroups(a, pw.pw_gid)
+        os.setgid(pw.pw_gid)
+        os.setuid(pw.pw_uid)
+
+    out = subprocess.run([str(HUB_PY), "-c", BOMB, str(LEARNER_PIDS + 100)], preexec_fn=enter, capture_output=True,
+                         text=True, timeout=300, cwd="/")
+    forks, error = out.stdout.split(" ", 1)
+    assert error.strip() != "None" and int(forks) < LEARNER_PIDS, f"{forks} processes, then {error.strip()}"
+
+
+# 1 ---------------------------------------------------------------------------------------------
+def test_1_fifos_and_giant_sparse_files_are_refused_without_hanging_the_grader(hub):
+    a, _ = learners(hub)
+    for make, words in (("open(d + '/big.bin', 'wb').truncate(2**30)", "MiB"),
+                        ("os.mkfifo(d + '/data.bin')", "FIFO")):
+        name = submission_name(a, "lab-00")
+        learner_python(hub, a, "import os, shutil, sys; d = sys.argv[1]; os.mkdir(d); "
+                       f"shutil.copyfile(os.path.expanduser('~/blank-00-welcome.ipynb'), d + '/00-welcome.ipynb'); {make}",
+                       str(hub.hub.inbound / name))
+        job = finished(hub, name, timeout=180)
+        assert job.state == "failed" and words in job.message, f"{job.state}: {job.message}"
+
+
+# 11 --------------------------------------------------------------------------------------------
+OFFICIAL_PROBE = r'''
+import json, os, socket, sys
+places = json.loads(sys.argv[1])
+got = {"uid": os.getuid(), "run": sorted(os.listdir("/run"))}
+for name in ("shadow", "key", "solution"):
+    try:
+        with open(places[name], "rb") as f:
+            got[name] = "read " + repr(f.read(16))
+    except OSError as e:
+        got[name] = f"refused: {e.strerror}"
+try:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(places["socket"])
+    got["socket"] = "connected"
+except OSError as e:
+    got["socket"] = f"refused: {e.strerror}"
+print("PROBE " + json.dumps(got))
+'''
+
+
+def test_11_the_official_grading_runs_the_script_unprivileged_without_run_keys_or_solutions(tmp_path, monkeypatch):
+    """The hub's official grading (as root) of a train.py that reads what root can: /etc/shadow,
+    the operator's signing key kept outside root's HOME (``MULTIGPU_CERTIFICATE_KEY``), a root-only
+    socket under /run, the checkout's solutions. The exact sandbox and hidden folders of
+    ``workshop.grading.official`` (``autograde.hidden_from_learners``), with the real files at real places."""
+    import socket
+
+    from multigpu.core import data
+    from multigpu.grading import preparation, rules, runner
+    from multigpu.workshop import autograde
+
+    tag = uuid.uuid4().hex[:8]
+    key_dir = Path("/etc") / f"multigpu-test-{tag}"
+    sock_path = Path("/run") / f"multigpu-test-{tag}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        key_dir.mkdir(mode=0o700)
+        key = key_dir / "course-key.pem"
+        key.write_text("-----BEGIN PRIVATE KEY-----\nthe operator's, kept outside root's HOME\n")
+        key.chmod(0o600)
+        monkeypatch.setenv("MULTIGPU_CERTIFICATE_KEY", str(key))
+        server.bind(str(sock_path))
+        sock_path.chmod(0o600)
+        server.listen()
+        hub = layout.Hub(tmp_path / "hub")
+        hub.root.mkdir()
+        train_root = data.ensure_dataset(train_per_class=rules.QUICK.train_per_class,
+                                         val_per_class=rules.QUICK.val_per_class, progress=False)
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "train.py").write_text(OFFICIAL_PROBE)
+        places = {"shadow": "/etc/shadow", "key": str(key), "socket": str(sock_path),
+                  "solution": str(REPO / "solutions" / "assessments" / "train.py")}
+        rec = runner.run_untrusted(work / "train.py", work, workers=None, timeout=120, max_output_bytes=100_000,
+                                   args=[json.dumps(places)],
+                                   sandbox=preparation.sandbox_rules(train_root, autograde.hidden_from_learners(hub)))
+    finally:
+        server.close()
+        sock_path.unlink(missing_ok=True)
+        shutil.rmtree(key_dir, ignore_errors=True)
+    assert rec.returncode == 0 and rec.sandboxed, rec.tail
+    got = json.loads(next(x for x in rec.tail.splitlines() if x.startswith("PROBE "))[len("PROBE "):])
+    assert got["uid"] != 0, f"the sandboxed script ran as root: {got}"
+    for name in ("shadow", "key", "solution", "socket"):
+        assert got[name].startswith("refused"), f"{name}: {got[name]}"
+    assert got["run"] == [], f"/run is visible: {got['run']}"
+
+
+# 3 ---------------------------------------------------------------------------------------------
+RACE = r'''
+import os, sys
+os.chdir(sys.argv[1])
+while not os.path.exists(sys.argv[3]):
+    try:
+        os.rename("d", "d.real")
+        os.symlink(sys.argv[2], "d")
+        os.unlink("d")
+        os.rename("d.real", "d")
+    except OSError:
+        pass
+'''
+
+
+def test_3_handing_a_folder_over_never_follows_a_link_swapped_in_mid_walk():
+    """Root gives a scratch folder to the grading account while a process of that account (a
+    learner's daemon) swaps a folder inside it for a link to a folder of root's, again and again:
+    root's files must stay root's (``safefiles.chown_tree``, which every hand-over uses)."""
+    from multigpu.workshop import safefiles
+
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="mga-chown-", dir="/tmp"))
+    base.chmod(0o755)
+    stop = base / "stop"
+    names = [f"f{i:03d}" for i in range(100)]
+    try:
+        victim = base / "victim"
+        victim.mkdir()
+        for n in names:
+            (victim / n).write_text("root's")
+        tree = base / "tree"
+        (tree / "d").mkdir(parents=True)
+        for n in names:
+            (tree / "d" / n).write_text("the grading's")
+        safefiles.chown_tree(tree, nobody.pw_uid, nobody.pw_gid)
+        racer = subprocess.Popen(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+                                  "--", str(HUB_PY), "-c", RACE, str(tree), str(victim), str(stop)], cwd="/")
+        try:
+            for _ in range(300):
+                safefiles.chown_tree(tree, nobody.pw_uid, nobody.pw_gid)
+        finally:
+            stop.touch()
+            racer.wait(30)
+        taken = [n for n in names if (victim / n).stat().st_uid != 0]
+        assert not taken, f"root's files given to the racing account: {taken}"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
