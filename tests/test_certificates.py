@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from multigpu.grading import certificates as cert
-from multigpu.grading import openbadges
+from multigpu.credential import certificates as cert
+from multigpu.credential import openbadges
 
 RESULT = {  # what GradeResult.to_dict() gives for a passing submission (abridged)
     "passed": True, "score": 10, "max_score": 10,

@@ -102,6 +102,7 @@ LAYERS = (
     ("multigpu.labs.lab1",), ("multigpu.labs.lab2",), ("multigpu.labs.lab3",), ("multigpu.labs.lab4",),
     ("multigpu.figures",),
     ("multigpu.grading",),
+    ("multigpu.credential",),
     ("multigpu.course", "multigpu.workshop"),
     ("multigpu.cli",),
 )

@@ -167,7 +167,8 @@ def test_autograde_keeps_the_learners_training_script(graded_course):
 
 @pytest.mark.slow
 def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_course, tmp_path):
-    from multigpu.grading import certificates, rules, variants
+    from multigpu.credential import certificates
+    from multigpu.grading import rules, variants
 
     course, assignments, logs = graded_course
     assert "assessments" in assignments, "the course has no assessment notebook"
@@ -204,7 +205,8 @@ def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_co
 @pytest.mark.slow
 def test_the_reference_passes_the_official_grading_and_its_result_certifies(graded_course, tmp_path):
     """The reference conversion, graded for real: 4 workers, its defaults, the baselines, sandboxed."""
-    from multigpu.grading import certificates, sandbox
+    from multigpu.credential import certificates
+    from multigpu.grading import sandbox
 
     course, assignments, logs = graded_course
     assert "assessments" in assignments, "the course has no assessment notebook"

@@ -25,8 +25,8 @@ import pytest
 
 from conftest import REPO
 from multigpu.cli import main
-from multigpu.grading import certificates as cert
-from multigpu.grading import openbadges, status_list
+from multigpu.credential import certificates as cert
+from multigpu.credential import openbadges, status_list
 from test_browser import headless_chromium
 from test_certificates import RESULT
 

@@ -7,7 +7,7 @@
                                   learner copies, gradebook, collected submissions (multigpu.course.release)
     multigpu bench [ARGS]         performance figures against their targets (multigpu.course.bench)
     multigpu grade / calibrate / regrade / review / similarity     the assessment's grading (multigpu.grading)
-    multigpu keygen / certify / verify / revoke / publish-issuer   certificates (docs/certificates.md)
+    multigpu keygen / certify / verify / revoke / publish-issuer   certificates (multigpu.credential)
     multigpu workshop VERB        a workshop on one JupyterHub (multigpu.workshop, docs/workshop.md)
 """
 
@@ -88,9 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("release", help="learner copies from solutions/, the gradebook, collecting submissions")
     sub.add_parser("bench", help="performance figures against their targets (make bench)")
 
+    from multigpu.credential import cli as credential_cli
     from multigpu.grading import cli as grading_cli
 
     grading_cli.register(sub)
+    credential_cli.register(sub)
     return parser
 
 

@@ -24,9 +24,8 @@ Around it:
     regrade       grade a stored result's source again: does the verdict hold?
     official      the instructor's grading of collected submissions, results, review decisions
     similarity    pairs of a cohort's submissions that share most of their code
-    certificates  who gets a certificate, from the official results; course_key (the signing key),
-                  credentials (a certificate's files: Open Badges 3.0 in openbadges, revocation in
-                  status_list, the verification page verify.html)
     variants      broken and cheating submissions as edits of the reference (tests, calibrate)
     cli           the ``multigpu`` verbs of all of the above
+
+The certificates that official results earn are the next layer's (:mod:`multigpu.credential`).
 """

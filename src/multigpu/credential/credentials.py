@@ -2,7 +2,7 @@
 Badges 3.0 credential signed with the course key): made (:func:`make_record`, :func:`issue`),
 checked (:func:`verify`: any changed byte, another key's signature, a revocation), revoked
 (:func:`revoke`, in the course's status list) and published (:func:`publish_issuer`: the issuer's
-files a verifier fetches). See :mod:`multigpu.grading.certificates`."""
+files a verifier fetches). See :mod:`multigpu.credential.certificates`."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from multigpu.grading import openbadges, status_list
-from multigpu.grading.course_key import load_public_key, public_text
+from multigpu.credential import openbadges, status_list
+from multigpu.credential.course_key import load_public_key, public_text
 
 COURSE = "Training Deep Learning Models on Multiple GPUs"
 #: Where the course hosts its issuer files when nobody said (``python -m http.server`` in the
