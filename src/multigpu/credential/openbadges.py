@@ -107,6 +107,9 @@ def _results(issuer_url: str, record: dict[str, Any]) -> tuple[list[dict], list[
         ("accuracy", "Held-out accuracy measured by the grader", "Percent", _pct(t.get("accuracy")), _pct(a.get("accuracy"))),
         ("efficiency", "Throughput as a multiple of the ideal of its workers", "Result",
          t.get("efficiency"), a.get("efficiency")),
+        ("time_to_accuracy", "Time to accuracy: seconds, by the grader's clock, to the end of the first epoch after "
+         "which the held-out accuracy stayed at the required value (MLPerf's time to train)", "Result", None,
+         a.get("time_to_accuracy_s")),
         ("throughput", "Aggregate throughput, images per second", "Result", None, a.get("throughput_images_per_s")),
         ("score", "Points of the final assessment", "RawScore", a.get("max_score"), a.get("score")),
     ]
