@@ -21,7 +21,7 @@ import psutil
 import pytest
 import torch
 
-from multigpu.grading import audit, grader, rules, runner, variants
+from multigpu.grading import audit, disguises, grader, rules, runner, variants
 from multigpu.running import launch
 
 QUICK = rules.QUICK
@@ -267,8 +267,10 @@ def test_saving_on_rank_0_only_gets_its_own_message(tmp_path):
 
 
 def test_every_variant_edit_applies_to_the_reference(tmp_path):
-    assert set(variants.MUST_FAIL) | set(variants.BY_EFFECT) == set(variants.EDITS) | set(variants.SOURCES)
+    assert set(variants.MUST_FAIL) | set(variants.BY_EFFECT) | set(variants.CACHED) == \
+        set(variants.EDITS) | set(variants.SOURCES)
     assert not set(variants.MUST_FAIL) & set(variants.BY_EFFECT)
+    assert set(disguises.CAUGHT_BY) <= set(variants.CALIBRATED)  # issue 40's cheats: graded by calibrate too
     assert set(variants.BY_EFFECT.values()) <= {"accuracy", "throughput"}  # what the grader measures itself
     # the calibration grades the cheats; the failure cases (crash, hang, ...) are the tests' alone
     assert set(variants.CALIBRATED) == set(variants.MUST_FAIL) - set(variants.FAILURE_CASES)
@@ -281,7 +283,7 @@ def test_every_variant_edit_applies_to_the_reference(tmp_path):
         else:
             compile(text, name, "exec")
         assert text != grader.REFERENCE.read_text()
-        assert name in variants.MUST_FAIL or name in variants.BY_EFFECT
+        assert name in variants.MUST_FAIL or name in variants.BY_EFFECT or name in variants.CACHED
     ddp = (tmp_path / "ddp_under_horovodrun.py").read_text()
     assert "hvd." not in ddp and "horovod.torch" not in ddp and "DistributedDataParallel" in ddp
     unscaled = (tmp_path / "no_lr_scaling.py").read_text()
@@ -675,13 +677,42 @@ def test_the_forgeries_of_issue_31_are_failed_or_held_never_certified(name, tmp_
     if name == "duplicate_indices":
         c = result.criteria["sharded"]
         assert not c.passed and "more than once" in c.message, c.message
-    elif name == "timeline_forger":
-        assert {"timeline", "framework"} <= kinds, result.review
+    elif name == "timeline_forger":  # torch's Gloo connections between the ranks, seen from outside
+        assert {"timeline", "import", "network"} <= kinds, result.review
     else:
         assert "collective" in kinds, result.review
         assert result.measurements["horovod_gradient_rounds_per_epoch"] > 0  # the zeros are real all-reduces
     assert result.review["held"] == (result.passed and bool(kinds))
     assert result.source_sha256 == audit.sha256((tmp_path / f"{name}.py").read_bytes())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,epochs", [("short_epochs", 1), ("hidden_ddp", 1), ("cached_decoded", 2)])
+def test_what_the_grader_sees_from_outside_fails_or_holds_the_cheats_of_issue_40(name, epochs, tmp_path):
+    """(2) each rank trains on 2/3 of its shard and lists all of it: the files of the rest were never
+    opened, sharded fails. (1) torch DDP reached through vars() and names cut in pieces, with a
+    forged timeline: the ranks' Gloo connections are seen from outside, the pass is held. An honest
+    conversion that caches the decoded data set opens no file after epoch 1: held with the figures.
+    The other disguises are caught by the review of their source (tests/test_review.py); ``multigpu
+    calibrate`` grades all nine."""
+    result = _grade(name, tmp_path, args=("--epochs", str(epochs)))
+    assert result.ok("workers"), result.message("workers")
+    assert not (result.passed and not result.held), result.report()
+    kinds = {f["kind"] for f in result.review["flags"]}
+    reads = result.measurements["reads_per_epoch"]
+    if name == "short_epochs":
+        c = result.criteria["sharded"]
+        assert not c.passed and "never read" in c.message and "watched the training set" in c.message, c.message
+        assert reads[0]["never"] > 0.25 * reads[0]["claimed"], reads  # the last third of each shard
+        assert not {"reads", "network"} & kinds and result.measurements["foreign_connections"] == []
+    elif name == "hidden_ddp":
+        assert {"network", "dynamic"} <= kinds, result.review
+        assert result.measurements["foreign_connections"], result.measurements  # torch's Gloo, rank to rank
+        assert all(r["confirmed"] == r["claimed"] for r in reads), reads
+    else:
+        assert kinds == {"reads"} and result.ok("sharded"), result.report()
+        assert reads[1]["read"] == 0 and reads[1]["earlier"] == reads[1]["claimed"] > 0, reads
+        assert result.review["held"] == result.passed
 
 
 # ----------------------------------------------------------------------------- the pipeline of criteria

@@ -58,7 +58,7 @@ def cmd_grade_submissions(args: argparse.Namespace) -> int:
 
 def _grade_all(jobs: list[tuple[str, Path]], settings: Settings, args: argparse.Namespace) -> dict[str, list[dict]]:
     """Grade every job in turn (sandboxed), print one line each; the rows per variant."""
-    from multigpu.grading import grader
+    from multigpu.grading import grader, review
 
     print(settings.describe())
     print(f"{len(jobs)} gradings: the reference x{args.reference}, each broken variant x{args.broken}", flush=True)
@@ -69,27 +69,34 @@ def _grade_all(jobs: list[tuple[str, Path]], settings: Settings, args: argparse.
         m = r.measurements
         rows.setdefault(name, []).append({"passed": r.passed and not r.held, "held": r.held, "score": r.score, "efficiency": m.get("efficiency"),
                                           "failed": [c for c in r.criteria if not r.ok(c)],
+                                          "flags": sorted({f["kind"] for f in r.review["flags"]}),
+                                          "time_to_accuracy_s": m.get("time_to_accuracy_s"),
                                           "allreduces_per_epoch": m.get("horovod_gradient_rounds_per_epoch"),
                                           "accuracy_held": m.get("accuracy_held"), "seconds": time.monotonic() - start})
         failed = [c for c in r.criteria if not r.ok(c)]
         print(f"[{i}/{len(jobs)}] {name}: {r.score}/{r.max_score} "
               f"{'HELD for review' if r.held else 'PASS' if r.passed else 'fail'} "
-              f"(accuracy held {m.get('accuracy_held')}, efficiency {m.get('efficiency')}; failed: "
-              f"{', '.join(failed) or '-'}; {time.monotonic() - start:.0f} s)", flush=True)
+              f"(accuracy held {m.get('accuracy_held')}, efficiency {m.get('efficiency')}, time to accuracy "
+              f"{m.get('time_to_accuracy_s')} s; failed: {', '.join(failed) or '-'}; flags: "
+              f"{review.summary(r.review['flags']) or '-'}; {time.monotonic() - start:.0f} s)", flush=True)
     return rows
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Grade the reference N times and each broken variant M times; print the pass counts. The
     variants judged by their effect (:data:`variants.BY_EFFECT`) are graded and printed too, with
-    no expected count: their verdict is the measurement."""
-    from multigpu.grading import grader, rules, variants
+    no expected count: their verdict is the measurement. With ``--honest`` each honest variant
+    too: none may raise a flag (its pass, if it passes, is never held), and the conversion that
+    caches the decoded data (:data:`variants.CACHED`) must raise the flag it is held with."""
+    from multigpu.grading import grader, honest, rules, variants
 
     settings = rules.settings(args.profile)
     made = Path(tempfile.mkdtemp(prefix="multigpu-variants-"))
     # the cheats and broken conversions; the failure cases (crash, hang, ...) are the tests'
     broken = [(v, variants.write(v, grader.REFERENCE, made / f"{v}.py"))
               for v in (*variants.CALIBRATED, *variants.BY_EFFECT)]
+    broken += [(v, variants.write(v, grader.REFERENCE, made / f"{v}.py"))
+               for v in (*variants.HONEST, *variants.CACHED)] if args.honest else []
     if args.only:
         broken = [(v, p) for v, p in broken if v in args.only]
     jobs = [("reference", grader.REFERENCE)] * args.reference
@@ -113,8 +120,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     ok = True
     for name, rs in rows.items():
         passes = sum(x["passed"] for x in rs)
-        expected = len(rs) if name == "reference" else None if name in variants.BY_EFFECT else 0
+        expected = len(rs) if name == "reference" else None if name in (*variants.BY_EFFECT, *variants.HONEST,
+                                                                         *variants.CACHED) else 0
         ok &= expected is None or passes == expected
+        if name in variants.HONEST or name == "reference":
+            ok &= not any(x["flags"] for x in rs)  # an honest conversion is never flagged
+        if name in variants.CACHED:
+            ok &= all(honest.CACHED_HELD_BY in x["flags"] for x in rs)
         eff = [x["efficiency"] for x in rs if x["efficiency"] is not None]
         acc = [x["accuracy_held"] for x in rs if x["accuracy_held"] is not None]
         span = lambda v: f"{min(v):.2f}-{max(v):.2f}" if v else "-"  # noqa: E731
@@ -212,6 +224,8 @@ def _register_instructor(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", type=int, default=10, help="gradings of the reference (default 10)")
     p.add_argument("--broken", type=int, default=3, help="gradings of each broken variant (default 3)")
     p.add_argument("--only", nargs="*", default=None, help="grade only these broken variants")
+    p.add_argument("--honest", action="store_true",
+                   help="also grade every honest variant (none may raise a review flag) and the caching one")
     p.add_argument("--busy", action="store_true", help="run a CPU-heavy job beside the gradings")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     p.set_defaults(func=cmd_calibrate)
