@@ -593,6 +593,34 @@ def test_an_index_listed_twice_fails_sharded_and_counts_as_one_image(tmp_path):
     assert grader.images_per_epoch(loaded) == {1: size, 2: size}
 
 
+def test_samples_listed_but_never_read_fail_sharded_and_do_not_count_as_images(tmp_path):
+    """Issue 40 (2): the ranks list their whole shards, the grader saw only two thirds of the files
+    opened: sharded fails with what it saw, images/s count what was read, and the pass would
+    not be held for that (a claim the reads contradict is a fail, not a question)."""
+    from array import array
+
+    from multigpu.grading import connections, observations, reads
+
+    root, size = _quick_train_root()
+    ckpts = _fake_run(tmp_path, {r: list(range(r, size, 2)) for r in (0, 1)})
+    read = [i for i in range(size) if i % 3]
+    log = reads.ReadLog(array("d", [2.0] * len(read) + [6.0] * len(read)), array("i", read + read))
+    rec = runner.RunRecord(command=[], returncode=0, wall_s=10, epoch_times={1: 4.0, 2: 8.0},
+                           checkpoint_times={(r, e): 4.0 * e for r in (0, 1) for e in (1, 2)},
+                           observed={"reads": log, "talk": connections.Talk([], 8, [])})
+    timeline = _write_timeline(tmp_path / TIMELINE, {"w": [3]}, rounds=40)
+    m = {"baselines": [size / 4.0, size / 4.0], "ideal_factor": 2}
+    crit, ev = grader.judged(rec, ckpts, BROKEN_SETTINGS, root, root, m, print, "import horovod",
+                             timeline_path=timeline)
+    c = crit["sharded"]
+    assert not c.passed and f"the ranks claimed {size} samples, and {size - len(read)} of them were never read" \
+        in c.message and "watched the training set" in c.message, c.message
+    assert m["throughput"] == pytest.approx(len(read) / 4.0)  # epoch 2's images: the ones read
+    assert m["reads_per_epoch"][1] == {"epoch": 2, "claimed": size, "read": len(read), "confirmed": len(read),
+                                       "earlier": 0, "never": size - len(read)}
+    assert observations.flags(ev.observed) == [] and m["foreign_connections"] == []
+
+
 def test_an_efficiency_above_the_ideal_is_never_a_pass(tmp_path):
     from multigpu.grading import evidence
     from multigpu.grading.criteria import throughput

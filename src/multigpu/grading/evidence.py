@@ -151,12 +151,11 @@ def collect(rec: RunRecord, found: Mapping[tuple[int, int], Path], settings: Set
         by_horovod = Averaging(told["ok"], told["message"], MappingProxyType(told["measurements"]))
     outside = None
     if rec.observed:
-        from multigpu.running import launch
-
         claimed: dict[int, set[int]] = {}
         for (_, e), c in ({} if nothing else loaded).items():
             claimed.setdefault(e, set()).update(c["indices"])
-        outside = observations.observe(rec.observed, claimed, rec.checkpoint_times, launch.horovod_controller())
+        controller = "gloo" if "--gloo" in rec.command else "mpi"  # what horovodrun was told (mpi: its default)
+        outside = observations.observe(rec.observed, claimed, rec.checkpoint_times, controller)
     return Evidence(
         run=rec, failure=failure, source=source, found=MappingProxyType(dict(found)), complete=complete,
         loaded=MappingProxyType({} if nothing else loaded), train_root=train_root, holdout=holdout,
