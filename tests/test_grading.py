@@ -604,7 +604,8 @@ def test_samples_listed_but_never_read_fail_sharded_and_do_not_count_as_images(t
     root, size = _quick_train_root()
     ckpts = _fake_run(tmp_path, {r: list(range(r, size, 2)) for r in (0, 1)})
     read = [i for i in range(size) if i % 3]
-    log = reads.ReadLog(array("d", [2.0] * len(read) + [6.0] * len(read)), array("i", read + read))
+    log = reads.ReadLog(array("i", read + read), {**{(r, 1): len(read) for r in (0, 1)},
+                                                   **{(r, 2): 2 * len(read) for r in (0, 1)}})
     rec = runner.RunRecord(command=[], returncode=0, wall_s=10, epoch_times={1: 4.0, 2: 8.0},
                            checkpoint_times={(r, e): 4.0 * e for r in (0, 1) for e in (1, 2)},
                            observed={"reads": log, "talk": connections.Talk([], 8, [])})

@@ -34,8 +34,6 @@ def _files(root: Path, classes: int = 2, per_class: int = 5) -> list[str]:
     return paths
 
 
-def _log(events: list[tuple[float, int]], lost: str = "") -> ReadLog:
-    return ReadLog(array("d", [t for t, _ in events]), array("i", [i for _, i in events]), lost)
 
 
 # ----------------------------------------------------------------------------- what was read
@@ -47,28 +45,36 @@ def test_the_watch_sees_each_open_through_the_view_and_none_through_another_link
     view = reads.private_view(cache, tmp_path / "view")
     samples = sorted(str(p) for p in (view / "train").rglob("*.jpg"))
     assert os.stat(samples[0]).st_ino == os.stat(cache / "train" / "class0" / "000.jpg").st_ino  # a link, not a copy
-    watch = reads.ReadWatch(view / "train", samples)
-    watch.started(time.monotonic())
+    ckpt = tmp_path / "run" / "checkpoints"
+    watch = reads.ReadWatch(view / "train", samples, ckpt)
+    assert ckpt.is_dir()  # made before the run, so that the first checkpoint's arrival is seen
     for i in (3, 7, 3):
         with open(samples[i], "rb") as f:
             f.read()
     (cache / "train" / "class1" / "004.jpg").read_bytes()  # the same file through the shared cache: not this grading's
+    (ckpt / "rank-0-epoch-1.tmp").write_bytes(b"x")
+    os.replace(ckpt / "rank-0-epoch-1.tmp", ckpt / "rank-0-epoch-1.pt")  # as save_checkpoint does
+    (ckpt / "rank-1-epoch-1.pt").write_bytes(b"x")  # written in place
+    (ckpt / "notes.txt").write_bytes(b"x")  # not a checkpoint
+    with open(samples[9], "rb") as f:
+        f.read()
     time.sleep(0.2)
     log = watch.stopped()
-    assert log.lost == "" and list(log.indices) == [3, 7, 3] and log.files == 2
-    assert log.between(0, 60) == {3, 7} and log.before(-1) == set()
+    assert log.lost == "" and list(log.indices) == [3, 7, 3, 9] and log.files == 3
+    assert log.arrivals == {(0, 1): 3, (1, 1): 3}  # after the first three opens, before the fourth
+    assert log.between(0, 3) == {3, 7} and log.before(4) == {3, 7, 9}
     assert watch.fd == -1  # the watch is closed
 
 
 def test_claims_are_set_against_reads_epoch_by_epoch():
-    # epoch 1 reads 0-9; epoch 2 reads 0-5 and claims 0-9 (6-9 read in epoch 1: from memory);
-    # epoch 3 claims 10-11, never read
-    log = _log([(1.0 + i / 10, i) for i in range(10)] + [(12.0 + i / 10, i) for i in range(6)])
-    spans = reads.windows({(0, 1): 10.0, (1, 1): 10.5, (0, 2): 20.0, (1, 2): 20.2, (0, 3): 30.0, (1, 3): 30.0},
-                          [1, 2, 3], slack=1.0)
-    assert spans == {1: (0.0, 11.5), 2: (9.0, 21.2), 3: (19.0, 31.0)}
-    got = reads.epoch_reads(log, {1: set(range(10)), 2: set(range(10)), 3: {10, 11}}, spans)
-    assert got == [EpochReads(1, 10, 10, 10, 0, 0), EpochReads(2, 10, 6, 6, 4, 0), EpochReads(3, 2, 0, 0, 0, 2)]
+    """Epoch 1 reads 0-9 (rank 1 reads 9 after rank 0 saved: still epoch 1's window); epoch 2
+    reads 0-5 and claims 0-9 (6-9 read in epoch 1: from memory); epoch 3 claims 10-11, never read."""
+    log = ReadLog(array("i", [*range(10), *range(6)]),
+                  {(0, 1): 9, (1, 1): 10, (0, 2): 16, (1, 2): 16, (0, 3): 16, (1, 3): 16})
+    assert reads.windows(log.arrivals, [1, 2, 3, 4]) == {1: (0, 10), 2: (9, 16), 3: (16, 16)}
+    got = reads.epoch_reads(log, {1: set(range(10)), 2: set(range(10)), 3: {10, 11}})
+    # epoch 2's window begins when rank 0 saved epoch 1: the open of 9 belongs to both windows
+    assert got == [EpochReads(1, 10, 10, 10, 0, 0), EpochReads(2, 10, 7, 7, 3, 0), EpochReads(3, 2, 0, 0, 0, 2)]
 
 
 def test_a_claim_never_read_fails_a_cache_is_held_and_images_count_only_what_was_read():
@@ -93,14 +99,16 @@ def test_reads_inside_the_sandbox_are_seen_from_outside(tmp_path):
         pytest.skip(sb.unavailable())
     view = tmp_path / "view"
     samples = _files(view)
-    watch = reads.ReadWatch(view / "train", samples)
-    watch.started(time.monotonic())
-    reader = f"for p in {samples[2:5]!r}: open(p, 'rb').read()"
-    argv = sb.command([sys.executable, "-c", reader], workdir=tmp_path / "work", readable=[view])
-    (tmp_path / "work").mkdir()
+    work = tmp_path / "work"
+    watch = reads.ReadWatch(view / "train", samples, work / "checkpoints")
+    reader = (f"import os\nfor p in {samples[2:5]!r}: open(p, 'rb').read()\n"
+              "open('checkpoints/rank-0-epoch-1.pt', 'wb').close()\n"
+              f"open({samples[6]!r}, 'rb').read()\n")
+    argv = sb.command([sys.executable, "-c", reader], workdir=work, readable=[view])
     subprocess.run(argv, check=True, timeout=60, env=sb.environment())
     time.sleep(0.2)
-    assert sorted(watch.stopped().indices) == [2, 3, 4]
+    log = watch.stopped()
+    assert list(log.indices) == [2, 3, 4, 6] and log.arrivals == {(0, 1): 3}
 
 
 # ----------------------------------------------------------------------------- who talked to whom

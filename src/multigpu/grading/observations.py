@@ -59,8 +59,7 @@ class Observed:
         return out
 
 
-def observe(observed: Mapping[str, Any], claimed: Mapping[int, set[int]],
-            checkpoint_times: Mapping[tuple[int, int], float], controller: str) -> Observed:
+def observe(observed: Mapping[str, Any], claimed: Mapping[int, set[int]], controller: str) -> Observed:
     """:class:`Observed` from a run record's ``observed`` (the runner's observers: ``"reads"``, a
     :class:`reads.ReadLog`, and ``"talk"``, a :class:`connections.Talk`) and the samples the ranks
     claimed per complete epoch (``claimed``: epoch -> the union of their indices)."""
@@ -68,8 +67,9 @@ def observe(observed: Mapping[str, Any], claimed: Mapping[int, set[int]],
     per_epoch = None
     lost = ""
     if isinstance(log, ReadLog):
-        lost = log.lost
-        per_epoch = tuple(reads.epoch_reads(log, claimed, reads.windows(checkpoint_times, sorted(claimed))))
+        per_epoch = tuple(reads.epoch_reads(log, claimed))
+        unseen = sorted(set(claimed) - {r.epoch for r in per_epoch})
+        lost = log.lost or (f"the arrival of the checkpoints of epoch(s) {unseen} was not seen" if unseen else "")
     foreign = tuple(connections.extra_links(talk, controller)) if isinstance(talk, Talk) else None
     return Observed(per_epoch, lost, foreign, controller)
 

@@ -23,7 +23,7 @@ def run_submission(prepared: Prepared, settings: Settings, args: Sequence[str] =
     (:class:`connections.TalkWatch`, ``"talk"``)."""
     ckpt = prepared.checkpoints
     samples = [path for path, _ in data.JPEGFolder(prepared.train_root, None, split="train").samples]
-    observers: dict[str, runner.Observer] = {"reads": reads.ReadWatch(prepared.train_root / "train", samples),
+    observers: dict[str, runner.Observer] = {"reads": reads.ReadWatch(prepared.train_root / "train", samples, ckpt),
                                              "talk": connections.TalkWatch()}
     return runner.run_untrusted(prepared.submission / "train.py", prepared.submission, workers=settings.workers,
                                 timeout=settings.time_budget_s, max_output_bytes=settings.max_output_bytes,
