@@ -740,7 +740,11 @@ def test_what_the_grader_sees_from_outside_fails_or_holds_the_cheats_of_issue_40
         assert all(r["confirmed"] == r["claimed"] for r in reads), reads
     else:
         assert kinds == {"reads"} and result.ok("sharded"), result.report()
-        assert reads[1]["read"] == 0 and reads[1]["earlier"] == reads[1]["claimed"] > 0, reads
+        # each rank keeps what it decoded; its new shard of epoch 2 is about half new to it (read),
+        # half in its memory (not read again: "earlier")
+        e2 = reads[1]
+        assert e2["never"] == 0 and e2["earlier"] > 0.25 * e2["claimed"] and e2["confirmed"] + e2["earlier"] == \
+            e2["claimed"], reads
         assert result.review["held"] == result.passed
 
 

@@ -3,9 +3,10 @@ writes them): other hyperparameters, other ways to scale the rate, other ways to
 conversion. They make the review's vocabulary (:mod:`multigpu.grading.vocabulary`), none raises a
 review flag (tests/test_review.py) and none is flagged by what the grader sees of its run.
 
-:data:`CACHED` is honest too: it keeps the decoded training set in memory after the first epoch,
-so the grader sees its later epochs read no file; it is held for review with the figures (kind
-``reads``, :mod:`multigpu.grading.observations`): the grader cannot tell a cache from less work.
+:data:`CACHED` is honest too: each rank keeps the images it decoded in memory, so in later epochs
+the grader sees only the files new to a rank's reshuffled shard opened (about half of it with 2
+ranks); it is held for review with the figures (kind ``reads``,
+:mod:`multigpu.grading.observations`): the grader cannot tell a cache from less work.
 """
 
 from __future__ import annotations
