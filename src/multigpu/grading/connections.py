@@ -142,12 +142,6 @@ class Talk:
     snapshots: int = 0
     #: the ranks with a process that had loaded Horovod's library
     horovod_ranks: list[str] = field(default_factory=list)
-    #: why nothing could be seen ("" when it could)
-    lost: str = ""
-
-    def to_dict(self) -> dict:
-        return {"links": [vars(x) for x in self.links], "snapshots": self.snapshots, "lost": self.lost,
-                "horovod_ranks": self.horovod_ranks}
 
 
 def loaded_horovod(pid: int) -> bool:
@@ -211,8 +205,7 @@ class TalkWatch:
 
     def stopped(self) -> Talk:
         links = [Link(a, b, ap, bp, t) for (a, ap, b, bp), t in sorted(self.seen.items(), key=lambda kv: kv[1])]
-        return Talk(links, self.snapshots, sorted(self.horovod),
-                    "" if self.snapshots else "the run ended before the first look")
+        return Talk(links, self.snapshots, sorted(self.horovod))
 
 
 def extra_links(talk: Talk, controller: str) -> list[Link]:

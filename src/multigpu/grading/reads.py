@@ -83,11 +83,6 @@ class ReadLog:
     def before(self, end: int) -> set[int]:
         return set(self.indices[:end])
 
-    @property
-    def files(self) -> int:
-        """Distinct samples opened in the whole run."""
-        return len(set(self.indices))
-
 
 class ReadWatch:
     """inotify on every folder of ``split_root`` (the training split of the private view) and on
