@@ -330,7 +330,7 @@ def write(name: str, reference: Path, dest: Path) -> Path:
     others are ``reference`` with the edits of :data:`EDITS`. The result need not compile
     (``syntax_error`` does not)."""
     if name not in SOURCES and name not in EDITS and name not in HONEST:
-        raise KeyError(f"no variant {name!r}: the variants are {', '.join([*MUST_FAIL, *BY_EFFECT, *HONEST])}")
+        raise KeyError(f"no variant {name!r}: the variants are {', '.join([*MUST_FAIL, *BY_EFFECT, *HONEST, *CACHED])}")
     source = Path(SOURCES.get(name, reference)).read_text()
     for old, new in {**EDITS.get(name, {}), **HONEST.get(name, {})}.items():
         if source.count(old) != 1:
