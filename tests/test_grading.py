@@ -622,6 +622,31 @@ def test_samples_listed_but_never_read_fail_sharded_and_do_not_count_as_images(t
     assert observations.flags(ev.observed) == [] and m["foreign_connections"] == []
 
 
+def test_a_timeline_that_fits_is_not_taken_at_its_word_when_the_ranks_talked_outside_horovod(tmp_path):
+    """Issue 40 (1): the timeline counts its rounds, but the grader saw a connection between the
+    ranks over MPI (where Horovod opens none): identical says so and the review holds the pass."""
+    from array import array
+
+    from multigpu.grading import connections, observations, reads
+
+    root, size = _quick_train_root()
+    ckpts = _fake_run(tmp_path, {r: list(range(r, size, 2)) for r in (0, 1)})
+    log = reads.ReadLog(array("i", list(range(size)) * 2), {**{(r, 1): size for r in (0, 1)},
+                                                            **{(r, 2): 2 * size for r in (0, 1)}})
+    gloo = connections.Link("rank 0", "rank 1", 40123, 29512, 3.0)
+    rec = runner.RunRecord(command=["horovodrun", "--mpi"], returncode=0, wall_s=10, epoch_times={1: 4.0, 2: 8.0},
+                           observed={"reads": log, "talk": connections.Talk([gloo], 8, [])})
+    timeline = _write_timeline(tmp_path / TIMELINE, {"w": [3]}, rounds=40)
+    m = {"baselines": [], "ideal_factor": 2}
+    crit, ev = grader.judged(rec, ckpts, BROKEN_SETTINGS, root, root, m, print, "import horovod",
+                             timeline_path=timeline)
+    c = crit["identical"]
+    assert c.passed and "1 TCP connection(s) that Horovod did not open" in c.message, c.message
+    assert [r.never for r in ev.observed.reads] == [0, 0]  # every listed sample read in its epoch
+    assert [f.kind for f in observations.flags(ev.observed)] == ["network"]
+    assert m["foreign_connections"] == ["rank 0 (port 40123) <-> rank 1 (port 29512), from 3 s"]
+
+
 def test_an_efficiency_above_the_ideal_is_never_a_pass(tmp_path):
     from multigpu.grading import evidence
     from multigpu.grading.criteria import throughput
@@ -737,6 +762,8 @@ def test_what_the_grader_sees_from_outside_fails_or_holds_the_cheats_of_issue_40
     elif name == "hidden_ddp":
         assert {"network", "dynamic"} <= kinds, result.review
         assert result.measurements["foreign_connections"], result.measurements  # torch's Gloo, rank to rank
+        if result.ok("identical"):  # its forged timeline fits: the verdict says it is not taken at its word
+            assert "connection(s) that Horovod did not open" in result.criteria["identical"].message
         assert all(r["confirmed"] == r["claimed"] for r in reads), reads
     else:
         assert kinds == {"reads"} and result.ok("sharded"), result.report()
