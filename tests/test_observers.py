@@ -58,10 +58,11 @@ def test_the_watch_sees_each_open_through_the_view_and_none_through_another_link
     (ckpt / "notes.txt").write_bytes(b"x")  # not a checkpoint
     with open(samples[9], "rb") as f:
         f.read()
+    (ckpt / "rank-1-epoch-1.pt").write_bytes(b"y")  # written again: this one is what counts
     time.sleep(0.2)
     log = watch.stopped()
     assert log.lost == "" and list(log.indices) == [3, 7, 3, 9]
-    assert log.arrivals == {(0, 1): 3, (1, 1): 3}  # after the first three opens, before the fourth
+    assert log.arrivals == {(0, 1): 3, (1, 1): 4}  # rank 0's after the first three opens, rank 1's last after all
     assert log.between(0, 3) == {3, 7} and log.before(4) == {3, 7, 9}
     assert watch.fd == -1  # the watch is closed
 

@@ -72,6 +72,8 @@ class ReadLog:
     epoch) ->`` the number of opens queued before it)."""
 
     indices: array
+    #: the position of each checkpoint's LAST arrival: a script that wrote a checkpoint early and
+    #: again later cannot stretch an epoch's window back over the epoch before
     arrivals: dict[tuple[int, int], int] = field(default_factory=dict)
     #: why the log is incomplete ("" when it is not): events lost, or no watch possible
     lost: str = ""
@@ -163,8 +165,8 @@ class ReadWatch:
         elif wd == self.ckpt_wd:
             if mask & IN_IGNORED:
                 self.lost = "the checkpoint folder was removed while the run went on"
-            elif (m := CHECKPOINT.match(name)):
-                self.arrivals.setdefault((int(m.group(1)), int(m.group(2))), len(self.indices))
+            elif (m := CHECKPOINT.match(name)):  # the last write counts: it is the file the grader loads
+                self.arrivals[(int(m.group(1)), int(m.group(2)))] = len(self.indices)
         elif name and wd in self.folders:
             i = self.index.get(os.path.join(self.folders[wd], name))
             if i is not None and len(self.indices) < MAX_EVENTS:
