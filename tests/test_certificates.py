@@ -9,15 +9,15 @@ import json
 
 import pytest
 
-from multigpu.grading import certificates as cert
-from multigpu.grading import openbadges
+from multigpu.credential import certificates as cert
+from multigpu.credential import openbadges
 
 RESULT = {  # what GradeResult.to_dict() gives for a passing submission (abridged)
     "passed": True, "score": 10, "max_score": 10,
     "settings": {"profile": "cpu", "accuracy": 0.8, "time_budget_s": 900.0, "efficiency": 0.25, "epochs_held": 2,
                  "workers": 4},
     "measurements": {"accuracy": 0.91, "accuracy_held": 0.89, "throughput": 412.5, "efficiency": 0.52,
-                     "workers": 4, "hardware": "CPU mode, 2 cores"},
+                     "time_to_accuracy_s": 131.4, "workers": 4, "hardware": "CPU mode, 2 cores"},
 }
 
 
@@ -69,7 +69,8 @@ def test_issued_certificate_verifies_and_states_the_measurements(tmp_path, key_p
     a = ok.record["assessment"]
     assert ok.record["name"] == "Zoë Dupont-Łukasiewicz" and ok.record["course"] == cert.COURSE
     assert (a["accuracy"], a["throughput_images_per_s"], a["efficiency"], a["hardware_mode"]) == (0.89, 412.5, 0.52, "cpu")
-    assert "VALID" in ok.summary()
+    assert a["time_to_accuracy_s"] == 131.4  # the grader's clock, beside images/s
+    assert "VALID" in ok.summary() and "time to accuracy 131 s (the grader's clock)" in ok.summary()
     assert cert.verify(pdf, public).record == ok.record  # the PDF's path works too
 
 

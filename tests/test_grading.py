@@ -21,7 +21,7 @@ import psutil
 import pytest
 import torch
 
-from multigpu.grading import audit, grader, rules, runner, variants
+from multigpu.grading import audit, disguises, grader, rules, runner, variants
 from multigpu.running import launch
 
 QUICK = rules.QUICK
@@ -267,8 +267,10 @@ def test_saving_on_rank_0_only_gets_its_own_message(tmp_path):
 
 
 def test_every_variant_edit_applies_to_the_reference(tmp_path):
-    assert set(variants.MUST_FAIL) | set(variants.BY_EFFECT) == set(variants.EDITS) | set(variants.SOURCES)
+    assert set(variants.MUST_FAIL) | set(variants.BY_EFFECT) | set(variants.CACHED) == \
+        set(variants.EDITS) | set(variants.SOURCES)
     assert not set(variants.MUST_FAIL) & set(variants.BY_EFFECT)
+    assert set(disguises.CAUGHT_BY) <= set(variants.CALIBRATED)  # issue 40's cheats: graded by calibrate too
     assert set(variants.BY_EFFECT.values()) <= {"accuracy", "throughput"}  # what the grader measures itself
     # the calibration grades the cheats; the failure cases (crash, hang, ...) are the tests' alone
     assert set(variants.CALIBRATED) == set(variants.MUST_FAIL) - set(variants.FAILURE_CASES)
@@ -281,7 +283,7 @@ def test_every_variant_edit_applies_to_the_reference(tmp_path):
         else:
             compile(text, name, "exec")
         assert text != grader.REFERENCE.read_text()
-        assert name in variants.MUST_FAIL or name in variants.BY_EFFECT
+        assert name in variants.MUST_FAIL or name in variants.BY_EFFECT or name in variants.CACHED
     ddp = (tmp_path / "ddp_under_horovodrun.py").read_text()
     assert "hvd." not in ddp and "horovod.torch" not in ddp and "DistributedDataParallel" in ddp
     unscaled = (tmp_path / "no_lr_scaling.py").read_text()
@@ -591,6 +593,60 @@ def test_an_index_listed_twice_fails_sharded_and_counts_as_one_image(tmp_path):
     assert grader.images_per_epoch(loaded) == {1: size, 2: size}
 
 
+def test_samples_listed_but_never_read_fail_sharded_and_do_not_count_as_images(tmp_path):
+    """Issue 40 (2): the ranks list their whole shards, the grader saw only two thirds of the files
+    opened: sharded fails with what it saw, images/s count what was read, and the pass would
+    not be held for that (a claim the reads contradict is a fail, not a question)."""
+    from array import array
+
+    from multigpu.grading import connections, observations, reads
+
+    root, size = _quick_train_root()
+    ckpts = _fake_run(tmp_path, {r: list(range(r, size, 2)) for r in (0, 1)})
+    read = [i for i in range(size) if i % 3]
+    log = reads.ReadLog(array("i", read + read), {**{(r, 1): len(read) for r in (0, 1)},
+                                                   **{(r, 2): 2 * len(read) for r in (0, 1)}})
+    rec = runner.RunRecord(command=[], returncode=0, wall_s=10, epoch_times={1: 4.0, 2: 8.0},
+                           checkpoint_times={(r, e): 4.0 * e for r in (0, 1) for e in (1, 2)},
+                           observed={"reads": log, "talk": connections.Talk([], 8, [])})
+    timeline = _write_timeline(tmp_path / TIMELINE, {"w": [3]}, rounds=40)
+    m = {"baselines": [size / 4.0, size / 4.0], "ideal_factor": 2}
+    crit, ev = grader.judged(rec, ckpts, BROKEN_SETTINGS, root, root, m, print, "import horovod",
+                             timeline_path=timeline)
+    c = crit["sharded"]
+    assert not c.passed and f"the ranks claimed {size} samples, and {size - len(read)} of them were never read" \
+        in c.message and "watched the training set" in c.message, c.message
+    assert m["throughput"] == pytest.approx(len(read) / 4.0)  # epoch 2's images: the ones read
+    assert m["reads_per_epoch"][1] == {"epoch": 2, "claimed": size, "read": len(read), "confirmed": len(read),
+                                       "earlier": 0, "never": size - len(read)}
+    assert observations.flags(ev.observed) == [] and m["foreign_connections"] == []
+
+
+def test_a_timeline_that_fits_is_not_taken_at_its_word_when_the_ranks_talked_outside_horovod(tmp_path):
+    """Issue 40 (1): the timeline counts its rounds, but the grader saw a connection between the
+    ranks over MPI (where Horovod opens none): identical says so and the review holds the pass."""
+    from array import array
+
+    from multigpu.grading import connections, observations, reads
+
+    root, size = _quick_train_root()
+    ckpts = _fake_run(tmp_path, {r: list(range(r, size, 2)) for r in (0, 1)})
+    log = reads.ReadLog(array("i", list(range(size)) * 2), {**{(r, 1): size for r in (0, 1)},
+                                                            **{(r, 2): 2 * size for r in (0, 1)}})
+    gloo = connections.Link("rank 0", "rank 1", 40123, 29512, 3.0)
+    rec = runner.RunRecord(command=["horovodrun", "--mpi"], returncode=0, wall_s=10, epoch_times={1: 4.0, 2: 8.0},
+                           observed={"reads": log, "talk": connections.Talk([gloo], 8, [])})
+    timeline = _write_timeline(tmp_path / TIMELINE, {"w": [3]}, rounds=40)
+    m = {"baselines": [], "ideal_factor": 2}
+    crit, ev = grader.judged(rec, ckpts, BROKEN_SETTINGS, root, root, m, print, "import horovod",
+                             timeline_path=timeline)
+    c = crit["identical"]
+    assert c.passed and "1 TCP connection(s) that Horovod did not open" in c.message, c.message
+    assert [r.never for r in ev.observed.reads] == [0, 0]  # every listed sample read in its epoch
+    assert [f.kind for f in observations.flags(ev.observed)] == ["network"]
+    assert m["foreign_connections"] == ["rank 0 (port 40123) <-> rank 1 (port 29512), from 3 s"]
+
+
 def test_an_efficiency_above_the_ideal_is_never_a_pass(tmp_path):
     from multigpu.grading import evidence
     from multigpu.grading.criteria import throughput
@@ -675,13 +731,48 @@ def test_the_forgeries_of_issue_31_are_failed_or_held_never_certified(name, tmp_
     if name == "duplicate_indices":
         c = result.criteria["sharded"]
         assert not c.passed and "more than once" in c.message, c.message
-    elif name == "timeline_forger":
-        assert {"timeline", "framework"} <= kinds, result.review
+    elif name == "timeline_forger":  # torch's Gloo connections between the ranks, seen from outside
+        assert {"timeline", "import", "network"} <= kinds, result.review
     else:
         assert "collective" in kinds, result.review
         assert result.measurements["horovod_gradient_rounds_per_epoch"] > 0  # the zeros are real all-reduces
     assert result.review["held"] == (result.passed and bool(kinds))
     assert result.source_sha256 == audit.sha256((tmp_path / f"{name}.py").read_bytes())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,epochs", [("short_epochs", 1), ("hidden_ddp", 1), ("cached_decoded", 2)])
+def test_what_the_grader_sees_from_outside_fails_or_holds_the_cheats_of_issue_40(name, epochs, tmp_path):
+    """(2) each rank trains on 2/3 of its shard and lists all of it: the files of the rest were never
+    opened, sharded fails. (1) torch DDP reached through vars() and names cut in pieces, with a
+    forged timeline: the ranks' Gloo connections are seen from outside, the pass is held. An honest
+    conversion that caches the decoded data set opens no file after epoch 1: held with the figures.
+    The other disguises are caught by the review of their source (tests/test_review.py); ``multigpu
+    calibrate`` grades all nine."""
+    result = _grade(name, tmp_path, args=("--epochs", str(epochs)))
+    assert result.ok("workers"), result.message("workers")
+    assert not (result.passed and not result.held), result.report()
+    kinds = {f["kind"] for f in result.review["flags"]}
+    reads = result.measurements["reads_per_epoch"]
+    if name == "short_epochs":
+        c = result.criteria["sharded"]
+        assert not c.passed and "never read" in c.message and "watched the training set" in c.message, c.message
+        assert reads[0]["never"] > 0.25 * reads[0]["claimed"], reads  # the last third of each shard
+        assert not {"reads", "network"} & kinds and result.measurements["foreign_connections"] == []
+    elif name == "hidden_ddp":
+        assert {"network", "dynamic"} <= kinds, result.review
+        assert result.measurements["foreign_connections"], result.measurements  # torch's Gloo, rank to rank
+        if result.ok("identical"):  # its forged timeline fits: the verdict says it is not taken at its word
+            assert "connection(s) that Horovod did not open" in result.criteria["identical"].message
+        assert all(r["confirmed"] == r["claimed"] for r in reads), reads
+    else:
+        assert kinds == {"reads"} and result.ok("sharded"), result.report()
+        # each rank keeps what it decoded; its new shard of epoch 2 is about half new to it (read),
+        # half in its memory (not read again: "earlier")
+        e2 = reads[1]
+        assert e2["never"] == 0 and e2["earlier"] > 0.25 * e2["claimed"] and e2["confirmed"] + e2["earlier"] == \
+            e2["claimed"], reads
+        assert result.review["held"] == result.passed
 
 
 # ----------------------------------------------------------------------------- the pipeline of criteria

@@ -103,6 +103,7 @@ LAYERS = (
     ("multigpu.labs.lab5",),
     ("multigpu.figures",),
     ("multigpu.grading",),
+    ("multigpu.credential",),
     ("multigpu.course", "multigpu.workshop"),
     ("multigpu.cli",),
 )

@@ -167,7 +167,8 @@ def test_autograde_keeps_the_learners_training_script(graded_course):
 
 @pytest.mark.slow
 def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_course, tmp_path):
-    from multigpu.grading import certificates, rules, variants
+    from multigpu.credential import certificates
+    from multigpu.grading import rules, variants
 
     course, assignments, logs = graded_course
     assert "assessments" in assignments, "the course has no assessment notebook"
@@ -204,7 +205,8 @@ def test_a_cell_that_fakes_the_grader_earns_nothing_and_no_certificate(graded_co
 @pytest.mark.slow
 def test_the_reference_passes_the_official_grading_and_its_result_certifies(graded_course, tmp_path):
     """The reference conversion, graded for real: 4 workers, its defaults, the baselines, sandboxed."""
-    from multigpu.grading import certificates, sandbox
+    from multigpu.credential import certificates
+    from multigpu.grading import sandbox
 
     course, assignments, logs = graded_course
     assert "assessments" in assignments, "the course has no assessment notebook"
@@ -213,12 +215,19 @@ def test_the_reference_passes_the_official_grading_and_its_result_certifies(grad
     assert result.sandboxed or sandbox.unavailable(), "the grader did not use the sandbox where it starts"
     m = result.measurements
     assert m["baselines"] and m["efficiency"] > 0 and len(m["accuracy_per_epoch"]) == m["epochs"] >= 2
+    # what the grader saw from outside the run: every claimed sample read in its epoch, no connection
+    # between ranks that Horovod did not open, so no review flag of the run either
+    assert result.review["flags"] == [] and not result.held, result.review
+    assert all(r["confirmed"] == r["claimed"] and not r["never"] for r in m["reads_per_epoch"]), m["reads_per_epoch"]
+    assert m["foreign_connections"] == [] and m["time_to_accuracy_s"] > 0
     private, public = certificates.keygen(tmp_path / "key")
     record = certificates.make_record("Ada Lovelace", "ada", result.to_dict())
     _, cert = certificates.issue(record, certificates.load_private_key(private), tmp_path / "certs")
     verified = certificates.verify(cert, public)
     assert verified.record["assessment"]["score"] == result.score == 10
     assert verified.record["assessment"]["efficiency"] == m["efficiency"]
+    assert verified.record["assessment"]["time_to_accuracy_s"] == m["time_to_accuracy_s"]
+    assert "time to accuracy" in verified.summary()
 
 
 @pytest.mark.slow

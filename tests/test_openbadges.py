@@ -25,8 +25,8 @@ import pytest
 
 from conftest import REPO
 from multigpu.cli import main
-from multigpu.grading import certificates as cert
-from multigpu.grading import openbadges, status_list
+from multigpu.credential import certificates as cert
+from multigpu.credential import openbadges, status_list
 from test_browser import headless_chromium
 from test_certificates import RESULT
 
@@ -194,6 +194,7 @@ def test_the_certificate_is_an_open_badges_3_credential(issued):
     assert subject["identifier"][0]["identityHash"].startswith("Zoë")
     results = {r["resultDescription"].rsplit("#", 1)[1]: r["value"] for r in subject["result"]}
     assert results["accuracy"] == "89.0%" and results["efficiency"] == "0.52", results
+    assert results["time_to_accuracy"] == "131.4", results
     assert credential["validFrom"].endswith("T00:00:00Z") and credential["jti"] == credential["id"]
     entry = credential["credentialStatus"]
     assert entry["statusListCredential"] == f"{ISSUER_URL}/status-list.jwt" and entry["statusPurpose"] == "revocation"
@@ -219,12 +220,14 @@ def test_the_published_key_is_the_course_key(issued):
 def test_a_valid_certificate_verifies_with_all_three(issued, capsys, browser):
     verdict, text = multigpu_verdict(issued.valid, issued, capsys)
     assert verdict == "valid" and "not revoked" in text, text
+    assert "time to accuracy 131 s (the grader's clock)" in text, text
     assert python_verdicts(issued.valid, issued.published) == ["valid", "valid"]
     assert openbadgeslib_verdict(issued.valid, issued.published)[1] == f"{ISSUER_URL}/issuer.json"
     pdf = issued.valid.with_suffix(".pdf")
     state, shown = page_verdict(browser, issued.published, issued.valid, pdf, shot="valid")
     assert state == "valid", shown
     assert "Zoë <img src=x onerror=alert(1)>" in shown and "89.0%" in shown and "5" * 64 in shown, shown
+    assert "131 s by the grader's clock" in shown, shown
     assert f"{pdf.name} matches" in shown and "not revoked" in shown, shown
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from multigpu.grading import audit, grader, official, review, variants
+from multigpu.grading import audit, grader, official, review, variants, vocabulary
 
 
 def _flags(name: str, tmp_path: Path) -> list[review.Flag]:
@@ -42,15 +42,30 @@ def test_there_are_twenty_honest_conversions():
 @pytest.mark.parametrize("name,kind,words", [
     # issue 31 (a): torch DDP, and rank 0 writes Horovod's timeline itself
     ("timeline_forger", "timeline", "HOROVOD_TIMELINE"),
-    ("timeline_forger", "framework", "torch.distributed"),
+    ("timeline_forger", "import", "torch.distributed"),
     # issue 31 (c): each rank trains alone; zero tensors shaped like the gradients all-reduced
     ("zero_allreduce", "collective", "zeros_like"),
     ("zero_allreduce", "collective", "broadcast_parameters"),
     ("never_averaged", "collective", "broadcast_parameters"),
     ("rank0_trains_alone", "collective", "broadcast_parameters"),
-    ("ddp_under_horovodrun", "framework", "DistributedDataParallel"),
-    ("straggler", "stall", "sleep"),
+    ("ddp_under_horovodrun", "call", "DistributedDataParallel"),
+    ("straggler", "call", "sleep"),
     ("hang", "stall", "while True"),
+    # issue 40, kind 1: another framework reached by hidden names, a forged timeline
+    ("hidden_ddp", "dynamic", "vars(torch)['distri' + 'buted']"),
+    ("hidden_ddp", "dynamic", '"HORO" + "VOD_TIME" + "LINE"'),
+    ("hidden_ddp_filestore", "dynamic", "getattr(torch, ''.join(['dis', 'trib', 'uted']))"),
+    ("file_averaging", "call", "torch.load(o)"),
+    ("file_averaging", "stall", "while not all"),
+    # kind 2: less work than claimed, the rest of the files opened to look read
+    ("short_epochs_touch", "call", "train_set.dataset.read(i)"),
+    # kind 3: genuine all-reduces, local steps, rank 0's weights copied before each save
+    ("local_steps", "call", "torch.autograd.grad"),
+    ("local_steps", "call", "optimizer.synchronize()"),
+    ("local_steps", "call", "optimizer.skip_synchronize()"),
+    ("local_steps", "dynamic", "before_save['sync'](model.state_dict(), root_rank=0)"),
+    ("local_steps_shadow", "collective", "hvd.broadcast_parameters(model.state_dict(), root_rank=0)"),
+    ("local_steps_reload", "call", "model.load_state_dict(torch.load(first)['model'])"),
 ])
 def test_the_forgeries_are_flagged_on_the_line_that_does_it(name, kind, words, tmp_path):
     found = [f for f in _flags(name, tmp_path) if f.kind == kind]
@@ -58,40 +73,94 @@ def test_the_forgeries_are_flagged_on_the_line_that_does_it(name, kind, words, t
     assert all(f.line > 0 and f.why for f in found)
 
 
+def test_less_work_within_the_vocabulary_raises_no_source_flag(tmp_path):
+    """short_epochs and its cached disguise use only what a conversion uses: what the grader saw
+    read catches them (tests/test_grading.py), not the review of the source."""
+    assert _flags("short_epochs", tmp_path) == [] and _flags("short_epochs_cached", tmp_path) == []
+
+
+#: What the snippets of the tests below import, as a conversion does.
+HEADER = "import os\nimport horovod.torch as hvd\nimport torch\nfrom pathlib import Path\n"
+
+
 @pytest.mark.parametrize("line,kind", [
     ("grads = hvd.grouped_allreduce([p.grad for p in model.parameters()])", "collective"),
     ("for p in model.parameters():\n    hvd.allreduce_(p.data, name='x')", "collective"),
     ("for s in SHAPES:\n    hvd.allreduce(torch.zeros(s).shape, name='y')", "collective"),
+    ("for x in batches:\n    hvd.broadcast_parameters(model.state_dict(), root_rank=0)", "collective"),
+    ("def sync(m):\n    hvd.broadcast_parameters(m.state_dict(), root_rank=0)\nfor x in xs:\n    sync(model)",
+     "collective"),
+    ("later = lambda: hvd.broadcast_parameters(model.state_dict(), root_rank=0)", "collective"),
     ("hvd.start_timeline('/tmp/t.json')", "timeline"),
     ("os.environ['HOROVOD_TIMELINE'] = 'x'", "timeline"),
-    ("from mpi4py import MPI", "framework"),
-    ("import socket", "framework"),
-    ("import torch.distributed as dist", "framework"),
+    # imports and calls outside the vocabulary
+    ("from mpi4py import MPI", "import"),
+    ("import socket", "import"),
+    ("import torch.distributed as dist", "import"),
+    ("grads = torch.autograd.grad(loss, list(model.parameters()))", "call"),
+    ("optimizer.synchronize()", "call"),
+    ("with optimizer.skip_synchronize():\n    optimizer.step()", "call"),
+    ("m = importlib.import_module('torch.distributed')", "call"),
+    ("time.sleep(0.5)", "call"),
+    ("data = open('/etc/passwd').read()", "call"),
+    ("secret = Path.home() / '.ssh'", "call"),
+    ("raw = torch.load(os.environ['OTHER_RESULTS'])", "call"),
+    ("text = Path(__file__).parents[2].joinpath('key').read_text()", "call"),
+    ("class Saver:\n    def __exit__(self, *a):\n        pass", "call"),
+    ("ddp = torch.nn.parallel.DistributedDataParallel(model)", "call"),
+    # dynamic access, anywhere
+    ("d = vars(torch)", "dynamic"),
+    ("d = torch.__dict__['distributed']", "dynamic"),
+    ("g = globals()['hvd']", "dynamic"),
     ("f = getattr(hvd, 'all' + 'reduce')", "dynamic"),
+    ("setattr(optimizer, 'step', None)", "dynamic"),
+    ("import sys\nd = sys.modules['torch.distributed']", "dynamic"),
     ("exec(open('x').read())", "dynamic"),
-    ("m = importlib.import_module('torch.distributed')", "dynamic"),
+    ("hooks = {'a': print}\nhooks['a']('x')", "dynamic"),
+    ("table = {'a': print}\ntable.get('a')('x')", "dynamic"),
+    ("f = optimizer.synchronize\nf()", "dynamic"),
+    ("for f in steps:\n    f()", "dynamic"),
+    ("hvd.allreduce = print", "dynamic"),
+    ("name = 'distri' + 'buted'", "dynamic"),
+    ("name = ''.join(['distri', 'buted'])", "dynamic"),
+    ("name = 'detubirtsid'[::-1]", "dynamic"),
     ("for _ in range(10**8):\n    pass", "stall"),
-    ("time.sleep(0.5)", "stall"),
-    ("data = open('/etc/passwd').read()", "file"),
-    ("secret = Path.home() / '.ssh'", "file"),
-    ("p = '../../grading/gradebook.db'\nraw = open(p, 'rb').read()", "file"),
-    ("raw = torch.load(os.environ['OTHER_RESULTS'])", "file"),
-    ("text = Path(__file__).parents[2].joinpath('key').read_text()", "file"),
 ])
 def test_each_kind_of_flag(line, kind):
-    found = review.flags(line + "\n")
+    found = review.flags(HEADER + line + "\n")
     assert kind in {f.kind for f in found}, (line, [f.to_dict() for f in found])
+    assert all(f.line > 4 for f in found if f.kind == kind)  # on the snippet's line, not the imports'
 
 
 @pytest.mark.parametrize("line", [
     "counts = hvd.allreduce(torch.tensor([correct, total]), op=hvd.Sum, name='val_counts')",
-    "root = os.environ.get('MULTIGPU_ASSESSMENT_DATA')\nsets = os.listdir(root)",
-    "extra = (Path(__file__).parent / 'classes.json').read_text()",
-    "model.eval()\npattern = re.compile('x')\nfast = torch.compile(model)",
-    "state = torch.load(Path(args.checkpoint_dir) / 'rank-0-epoch-1.pt')",
+    "root = os.environ.get('MULTIGPU_ASSESSMENT_DATA')",
+    "Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)",
+    "model.eval()\nwith torch.no_grad():\n    out = model(images.to(device))",
+    "hvd.broadcast_parameters(model.state_dict(), root_rank=0)\nfor x in xs:\n    optimizer.step()",
+    "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Average)",
+    "first = hvd.broadcast_object(1, root_rank=0, name='first_epoch')",
+    "scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lambda i: rate(i))",
+    "if torch.cuda.is_available():\n    torch.cuda.set_device(hvd.local_rank())",
+    "raise ValueError('no data')",
+    "print(f'{len(xs)} of {max(xs)}: ' + 'done')",
 ])
-def test_what_an_honest_script_does_is_not_flagged(line):
-    assert review.flags(line + "\n") == []
+def test_what_the_known_conversions_do_is_not_flagged(line):
+    assert review.flags(HEADER + line + "\n") == []
+
+
+def test_the_vocabulary_is_learned_from_the_known_conversions_and_holds_no_cheat():
+    known = vocabulary.known()
+    learned = vocabulary.learn([grader.STARTER.read_text(), grader.REFERENCE.read_text()])
+    assert learned <= known and vocabulary.HOROVOD_API <= known
+    for cheat in ("call:torch.autograd.grad", "method:synchronize", "method:skip_synchronize", "call:torch.load",
+                  "method:load_state_dict", "import:torch.distributed", "call:builtins.open", "call:builtins.getattr",
+                  "call:builtins.vars", "call:builtins.exec", "call:horovod.torch.start_timeline",
+                  "call:horovod.torch.grouped_allreduce", "method:register_hook", "method:copy_", "call:time.sleep",
+                  "import:sys", "import:importlib", "import:subprocess", "import:socket", "define:__exit__"):
+        assert cheat not in known, cheat
+    # it grows by a reviewed honest conversion, and only by what that conversion does
+    assert "call:torch.optim.lr_scheduler.LambdaLR" in known and "call:torch.cuda.set_device" in known
 
 
 def test_a_flagged_pass_is_held_and_a_flagged_fail_is_not():

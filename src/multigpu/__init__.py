@@ -33,7 +33,9 @@ from the ones above it in this list (docs/architecture.md; tests/test_imports.py
                        ``reference_runs/``, printed beside the learner's own)
 ``grading``            the assessment: rules, the sandboxed runner, the grader (a pipeline of
                        criteria), review flags, the audit trail, the official grading,
-                       certificates as Open Badges 3.0 with revocation, broken variants
+                       what the grader observes from outside a run, broken variants
+``credential``         the certificate: the course key, issuing, verifying, revoking (Open
+                       Badges 3.0, a signed status list), the issuer files it publishes
 ``course``             ``release`` (learner copies, gradebook, collect), ``hygiene`` (clean
                        notebooks), ``bench`` (``make bench``)
 ``workshop``           one JupyterHub for a room of learners: accounts, nbgrader's exchange,

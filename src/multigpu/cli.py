@@ -8,7 +8,7 @@
     multigpu bench [ARGS]         performance figures against their targets (multigpu.course.bench)
     multigpu gpu-check [ARGS]     every path a GPU changes, run once, with a report (multigpu.course.gpucheck)
     multigpu grade / calibrate / regrade / review / similarity     the assessment's grading (multigpu.grading)
-    multigpu keygen / certify / verify / revoke / publish-issuer   certificates (docs/certificates.md)
+    multigpu keygen / certify / verify / revoke / publish-issuer   certificates (multigpu.credential)
     multigpu workshop VERB        a workshop on one JupyterHub (multigpu.workshop, docs/workshop.md)
 """
 
@@ -90,9 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="performance figures against their targets (make bench)")
     sub.add_parser("gpu-check", help="every path a GPU changes, run once, with a report (make gpu-check)")
 
+    from multigpu.credential import cli as credential_cli
     from multigpu.grading import cli as grading_cli
 
     grading_cli.register(sub)
+    credential_cli.register(sub)
     return parser
 
 

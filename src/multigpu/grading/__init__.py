@@ -6,12 +6,18 @@ A grading (:func:`grader.grade`) runs in this order, each stage in its own modul
     preparation   prepare: devices, the training set, the grader's own held-out set, the sandbox's
                   rules, Horovod's check where submissions run, the submission's scratch copy
     baselines     the unmodified starter on one worker with one thread, before and after the run
-    runs          the run: horovodrun -np N in the sandbox (runner, sandbox), its failure, its images/s
+    runs          the run: horovodrun -np N in the sandbox (runner, sandbox), watched from outside:
+                  the training files it opens (reads, on this grading's private view of the data
+                  set) and the TCP connections between its processes (connections); its failure,
+                  its images/s
     evidence      collect: one read-only record of the run, its checkpoints (checkpoints), Horovod's
-                  timeline read for gradient rounds (averaging), the baselines
+                  timeline read for gradient rounds (averaging), what the grader saw from outside
+                  set against what the ranks claimed (observations), the baselines
     criteria      judge: workers, identical, sharded, accuracy, throughput, one module each
     result        the verdicts (Criterion, GradeResult), saved as JSON; GradingUnavailable
-    review        what no check inside the run can prove, read from the source: flags that hold a pass
+    review        what no check inside the run can prove: the source read against the vocabulary of
+                  known conversions (vocabulary, review_rules) and what the grader saw of the run
+                  (observations); flags that hold a pass
     audit         what was graded by which grader (SHA-256, version, the kept source)
     grader        grade(), judge(), deferred(): the pipeline, and the names callers use
 
@@ -24,9 +30,10 @@ Around it:
     regrade       grade a stored result's source again: does the verdict hold?
     official      the instructor's grading of collected submissions, results, review decisions
     similarity    pairs of a cohort's submissions that share most of their code
-    certificates  who gets a certificate, from the official results; course_key (the signing key),
-                  credentials (a certificate's files: Open Badges 3.0 in openbadges, revocation in
-                  status_list, the verification page verify.html)
-    variants      broken and cheating submissions as edits of the reference (tests, calibrate)
+    variants      broken and cheating submissions as edits of the reference (tests, calibrate): the
+                  reference's lines they edit (edits), honest conversions (honest), three kinds of
+                  cheating with two disguises each (disguises)
     cli           the ``multigpu`` verbs of all of the above
+
+The certificates that official results earn are the next layer's (:mod:`multigpu.credential`).
 """

@@ -1,12 +1,8 @@
-"""``multigpu grade | keygen | verify | certify | calibrate``: the assessment from a terminal.
+"""``multigpu grade | grade-submissions | calibrate | regrade | review | similarity``: the assessment
+from a terminal (the certificate verbs are :mod:`multigpu.credential.cli`'s).
 
     multigpu grade [assessments]        the verdict the official grader gives (make grade-me)
-    multigpu keygen [--key PATH]        the course's signing key, outside the repository
     multigpu grade-submissions          the official, sandboxed grading of every collected train.py
-    multigpu certify                    certificates for who passed (after make autograde)
-    multigpu verify CERT --public-key course-key.pub [--status-list status-list.jwt]
-    multigpu revoke ID --reason WHY     withdraw a certificate (the course's status list)
-    multigpu publish-issuer DIR         the files the course hosts: issuer profile, key, status list, page
     multigpu calibrate                  pass counts of the reference and the broken variants
     multigpu regrade RESULT             grade an official result's kept source again: does the verdict hold?
     multigpu review [STUDENT] [--approve|--reject REASON]   the passes held for review
@@ -60,90 +56,9 @@ def cmd_grade_submissions(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_keygen(args: argparse.Namespace) -> int:
-    from multigpu.grading import certificates
-
-    try:
-        private, public = certificates.keygen(args.key)
-    except (FileExistsError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(f"private key: {private} (keep it secret; back it up)\npublic key:  {public} (publish it with the course)")
-    return 0
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    from multigpu.grading import certificates
-
-    public = args.public_key or certificates.public_key_path(certificates.default_key_path())
-    try:
-        print(certificates.verify(args.certificate, public, status_list_file=args.status_list).summary())
-    except certificates.Revoked as e:
-        print(f"REVOKED: {e}", file=sys.stderr)
-        return 3
-    except certificates.CertificateError as e:
-        print(f"INVALID: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def cmd_revoke(args: argparse.Namespace) -> int:
-    from multigpu.grading import certificates
-
-    try:
-        path = certificates.revoke(args.certificates, args.id, args.reason, certificates.load_private_key(args.key))
-    except (certificates.CertificateError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(f"revoked {args.id}: {args.reason}\nstatus list signed again: {path}")
-    if args.publish:
-        return cmd_publish_issuer(argparse.Namespace(outdir=args.publish, certificates=args.certificates, key=args.key))
-    print("publish it where the course hosts its issuer files: multigpu publish-issuer DIR")
-    return 0
-
-
-def cmd_publish_issuer(args: argparse.Namespace) -> int:
-    from multigpu.grading import certificates
-
-    try:
-        files = certificates.publish_issuer(args.outdir, args.certificates, certificates.load_private_key(args.key))
-    except (certificates.CertificateError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print("host these files at the issuer address the credentials name "
-          f"({certificates.resolve_issuer_url(args.certificates)}):")
-    for f in files:
-        print(f"  {f}")
-    return 0
-
-
-def cmd_certify(args: argparse.Namespace) -> int:
-    from multigpu.grading import certificates
-
-    if not args.gradebook.exists():
-        print(f"error: no gradebook at {args.gradebook}: run 'make autograde' first", file=sys.stderr)
-        return 1
-    key = certificates.load_private_key(args.key)
-    try:
-        url = certificates.resolve_issuer_url(args.out, args.issuer_url)
-    except certificates.CertificateError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if url == certificates.LOCAL_ISSUER_URL:
-        print(f"note: the credentials name the issuer address {url} (for trying the course out); pass "
-              "--issuer-url with the address where the course will host its issuer files", file=sys.stderr)
-    decisions = certificates.certify(f"sqlite:///{args.gradebook.resolve()}", args.gradebook.parent, args.out, key=key,
-                                     issuer_url=url)
-    for d in decisions:
-        print(f"{d.student:20s} {'CERTIFIED' if d.certified else 'no':10s} {d.reason}"
-              + (f" -> {', '.join(map(str, d.files))}" if d.files else ""))
-    print(f"{sum(d.certified for d in decisions)} of {len(decisions)} student(s) certified; files in {args.out}/")
-    return 0
-
-
 def _grade_all(jobs: list[tuple[str, Path]], settings: Settings, args: argparse.Namespace) -> dict[str, list[dict]]:
     """Grade every job in turn (sandboxed), print one line each; the rows per variant."""
-    from multigpu.grading import grader
+    from multigpu.grading import grader, review
 
     print(settings.describe())
     print(f"{len(jobs)} gradings: the reference x{args.reference}, each broken variant x{args.broken}", flush=True)
@@ -154,27 +69,34 @@ def _grade_all(jobs: list[tuple[str, Path]], settings: Settings, args: argparse.
         m = r.measurements
         rows.setdefault(name, []).append({"passed": r.passed and not r.held, "held": r.held, "score": r.score, "efficiency": m.get("efficiency"),
                                           "failed": [c for c in r.criteria if not r.ok(c)],
+                                          "flags": sorted({f["kind"] for f in r.review["flags"]}),
+                                          "time_to_accuracy_s": m.get("time_to_accuracy_s"),
                                           "allreduces_per_epoch": m.get("horovod_gradient_rounds_per_epoch"),
                                           "accuracy_held": m.get("accuracy_held"), "seconds": time.monotonic() - start})
         failed = [c for c in r.criteria if not r.ok(c)]
         print(f"[{i}/{len(jobs)}] {name}: {r.score}/{r.max_score} "
               f"{'HELD for review' if r.held else 'PASS' if r.passed else 'fail'} "
-              f"(accuracy held {m.get('accuracy_held')}, efficiency {m.get('efficiency')}; failed: "
-              f"{', '.join(failed) or '-'}; {time.monotonic() - start:.0f} s)", flush=True)
+              f"(accuracy held {m.get('accuracy_held')}, efficiency {m.get('efficiency')}, time to accuracy "
+              f"{m.get('time_to_accuracy_s')} s; failed: {', '.join(failed) or '-'}; flags: "
+              f"{review.summary(r.review['flags']) or '-'}; {time.monotonic() - start:.0f} s)", flush=True)
     return rows
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Grade the reference N times and each broken variant M times; print the pass counts. The
     variants judged by their effect (:data:`variants.BY_EFFECT`) are graded and printed too, with
-    no expected count: their verdict is the measurement."""
-    from multigpu.grading import grader, rules, variants
+    no expected count: their verdict is the measurement. With ``--honest`` each honest variant
+    too: none may raise a flag (its pass, if it passes, is never held), and the conversion that
+    caches the decoded data (:data:`variants.CACHED`) must raise the flag it is held with."""
+    from multigpu.grading import grader, honest, rules, variants
 
     settings = rules.settings(args.profile)
     made = Path(tempfile.mkdtemp(prefix="multigpu-variants-"))
     # the cheats and broken conversions; the failure cases (crash, hang, ...) are the tests'
     broken = [(v, variants.write(v, grader.REFERENCE, made / f"{v}.py"))
               for v in (*variants.CALIBRATED, *variants.BY_EFFECT)]
+    broken += [(v, variants.write(v, grader.REFERENCE, made / f"{v}.py"))
+               for v in (*variants.HONEST, *variants.CACHED)] if args.honest else []
     if args.only:
         broken = [(v, p) for v, p in broken if v in args.only]
     jobs = [("reference", grader.REFERENCE)] * args.reference
@@ -198,8 +120,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     ok = True
     for name, rs in rows.items():
         passes = sum(x["passed"] for x in rs)
-        expected = len(rs) if name == "reference" else None if name in variants.BY_EFFECT else 0
+        expected = len(rs) if name == "reference" else None if name in (*variants.BY_EFFECT, *variants.HONEST,
+                                                                         *variants.CACHED) else 0
         ok &= expected is None or passes == expected
+        if name in variants.HONEST or name == "reference":
+            ok &= not any(x["flags"] for x in rs)  # an honest conversion is never flagged
+        if name in variants.CACHED:
+            ok &= all(honest.CACHED_HELD_BY in x["flags"] for x in rs)
         eff = [x["efficiency"] for x in rs if x["efficiency"] is not None]
         acc = [x["accuracy_held"] for x in rs if x["accuracy_held"] is not None]
         span = lambda v: f"{min(v):.2f}-{max(v):.2f}" if v else "-"  # noqa: E731
@@ -270,9 +197,8 @@ def cmd_similarity(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """The grading verbs, the certificate verbs and the instructor's verbs."""
+    """The grading verbs and the instructor's verbs."""
     _register_grading(sub)
-    _register_certificates(sub)
     _register_instructor(sub)
 
 
@@ -292,51 +218,14 @@ def _register_grading(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_grade_submissions)
 
 
-def _register_certificates(sub: argparse._SubParsersAction) -> None:
-    from multigpu.grading.certificates import default_key_path
-
-    p = sub.add_parser("keygen", help="create the course's certificate signing key (outside the repository)")
-    p.add_argument("--key", type=Path, default=None, help=f"private key path (default {default_key_path()})")
-    p.set_defaults(func=cmd_keygen)
-
-    p = sub.add_parser("verify", help="check a certificate's signature, PDF and revocation status")
-    p.add_argument("certificate", type=Path, help="the certificate's .json (or its .pdf)")
-    p.add_argument("--public-key", default=None, help="the course's public key file (default: next to the key)")
-    p.add_argument("--status-list", type=Path, default=None,
-                   help="the course's published status-list.jwt (default: the one next to the certificate)")
-    p.set_defaults(func=cmd_verify)
-
-    p = sub.add_parser("revoke", help="revoke a certificate (its bit in the course's status list, with the reason)")
-    p.add_argument("id", help="the certificate's id (its file name without .json)")
-    p.add_argument("--reason", required=True, help="why, in words anyone may read: verifiers show it")
-    p.add_argument("--certificates", type=Path, default=Path("certificates"), help="the folder it was issued to")
-    p.add_argument("--key", type=Path, default=None, help="private key (default: multigpu keygen's)")
-    p.add_argument("--publish", type=Path, default=None, help="also write the hostable issuer files here")
-    p.set_defaults(func=cmd_revoke)
-
-    p = sub.add_parser("publish-issuer", help="write the files the course hosts: issuer profile, key, status list, page")
-    p.add_argument("outdir", type=Path, help="folder to write them to (served at the issuer address)")
-    p.add_argument("--certificates", type=Path, default=Path("certificates"), help="the folder certificates were issued to")
-    p.add_argument("--key", type=Path, default=None, help="private key (default: multigpu keygen's)")
-    p.set_defaults(func=cmd_publish_issuer)
-
-    p = sub.add_parser("certify", help="issue certificates to students who passed (after make autograde)")
-    p.add_argument("--gradebook", type=Path, default=Path("grading/gradebook.db"),
-                   help="the gradebook; the official results are read from results/ next to it")
-    p.add_argument("--out", type=Path, default=Path("certificates"))
-    p.add_argument("--key", type=Path, default=None, help="private key (default: multigpu keygen's)")
-    p.add_argument("--issuer-url", default=None,
-                   help="where the course hosts its issuer files (default: the folder's, $MULTIGPU_ISSUER_URL, "
-                        "else a local address for trying it out)")
-    p.set_defaults(func=cmd_certify)
-
-
 def _register_instructor(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="grade the reference and the broken variants; print pass counts")
     p.add_argument("--profile", choices=["cpu", "gpu", "quick"], default="cpu")
     p.add_argument("--reference", type=int, default=10, help="gradings of the reference (default 10)")
     p.add_argument("--broken", type=int, default=3, help="gradings of each broken variant (default 3)")
     p.add_argument("--only", nargs="*", default=None, help="grade only these broken variants")
+    p.add_argument("--honest", action="store_true",
+                   help="also grade every honest variant (none may raise a review flag) and the caching one")
     p.add_argument("--busy", action="store_true", help="run a CPU-heavy job beside the gradings")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     p.set_defaults(func=cmd_calibrate)

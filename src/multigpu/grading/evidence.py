@@ -1,7 +1,8 @@
 """The evidence of a grading: one record of everything the criteria judge, collected after the run.
 
-:func:`collect` gathers it from the run's record, the checkpoints it left, Horovod's timeline
-and the baselines of the same grading; the criteria (:mod:`multigpu.grading.criteria`) read it
+:func:`collect` gathers it from the run's record, the checkpoints it left, Horovod's timeline,
+what the grader saw from outside the run (:mod:`multigpu.grading.observations`) and the baselines
+of the same grading; the criteria (:mod:`multigpu.grading.criteria`) read it
 and never change it. What could not be collected is named in :attr:`Evidence.unavailable` with
 the reason, which a criterion that ``REQUIRES`` it gets as its failing message.
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from multigpu.grading import averaging, hints, runs
+from multigpu.grading import averaging, hints, observations, runs
 from multigpu.grading.averaging import RunClock
 from multigpu.grading.checkpoints import IDENTICAL_TOL, load_checkpoint, state_difference, weights_only
 from multigpu.grading.preparation import Log
@@ -80,6 +81,8 @@ class Evidence:
     spread: WeightSpread | None = None
     #: Horovod's timeline read (None without checkpoints)
     averaging: Averaging | None = None
+    #: what the grader saw from outside the run: reads, connections (None: not watched)
+    observed: observations.Observed | None = None
     #: evidence that could not be collected -> why (a criterion that requires it fails with that)
     unavailable: Mapping[str, str] = field(default_factory=dict)
     #: the verdicts of the earlier criteria a criterion reads (its ``AFTER``); set by the pipeline
@@ -146,10 +149,17 @@ def collect(rec: RunRecord, found: Mapping[tuple[int, int], Path], settings: Set
         told = averaging.horovod_averaging(timeline_path, weights, per_worker, len(complete), settings, source,
                                            clock=clock)
         by_horovod = Averaging(told["ok"], told["message"], MappingProxyType(told["measurements"]))
+    outside = None
+    if rec.observed:
+        claimed: dict[int, set[int]] = {}
+        for (_, e), c in ({} if nothing else loaded).items():
+            claimed.setdefault(e, set()).update(c["indices"])
+        controller = "gloo" if "--gloo" in rec.command else "mpi"  # what horovodrun was told (mpi: its default)
+        outside = observations.observe(rec.observed, claimed, controller)
     return Evidence(
         run=rec, failure=failure, source=source, found=MappingProxyType(dict(found)), complete=complete,
         loaded=MappingProxyType({} if nothing else loaded), train_root=train_root, holdout=holdout,
         baselines=tuple(measurements.get("baselines") or ()), ideal_factor=measurements.get("ideal_factor"),
-        log=log, clock=clock, spread=spread, averaging=by_horovod,
+        log=log, clock=clock, spread=spread, averaging=by_horovod, observed=outside,
         unavailable=MappingProxyType({CHECKPOINTS: nothing} if nothing else {}))
 

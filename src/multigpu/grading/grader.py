@@ -25,8 +25,9 @@ A grading is a pipeline (nothing the script prints or writes as a metric is trus
 5. **criteria** (:mod:`multigpu.grading.criteria`, in the order of ``CRITERIA``): workers,
    identical, sharded, accuracy, throughput; each gets its points or zero, with a message that
    says what failed and what to do.
-6. **review** (:mod:`multigpu.grading.review`): the source's review flags; a flagged pass is held
-   for a person. The result records the source's SHA-256 and the grader's version
+6. **review** (:mod:`multigpu.grading.review`): the source's review flags, and the flags of
+   what the grader saw from outside the run (:mod:`multigpu.grading.observations`: samples
+   served from memory, connections Horovod did not open); a flagged pass is held for a person. The result records the source's SHA-256 and the grader's version
    (:mod:`multigpu.grading.audit`).
 
 This module keeps the names callers use; the stages live in the modules named above.
@@ -40,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from multigpu.grading import audit, review, rules
+from multigpu.grading import audit, observations, review, rules
 from multigpu.grading import sandbox as sb
 from multigpu.grading.averaging import (
     RunClock,
@@ -59,7 +60,7 @@ from multigpu.grading.checkpoints import (
     weights_only,
 )
 from multigpu.grading.criteria import CRITERIA, POINTS, judge_all
-from multigpu.grading.evidence import collect
+from multigpu.grading.evidence import Evidence, collect
 from multigpu.grading.hints import check_source, learning_rate_hints
 from multigpu.grading.preparation import (
     REFERENCE,
@@ -143,10 +144,10 @@ def grade(
         measurements["run_s"] = round(rec.wall_s, 2)
         measurements["baselines"] = [round(b, 2) for b in baselines if b]
         source = raw.decode("utf-8", errors="replace")
-        criteria = judge(rec, find_checkpoints(prepared.checkpoints), settings, prepared.train_root, prepared.holdout,
-                         measurements, log, source, timeline_path=prepared.timeline)
+        criteria, evidence = judged(rec, find_checkpoints(prepared.checkpoints), settings, prepared.train_root,
+                                    prepared.holdout, measurements, log, source, timeline_path=prepared.timeline)
     result = GradeResult(name, settings, criteria, measurements, sandboxed=rec.sandboxed, **audit.identity(raw))
-    result.review = review.record(review.flags(source), result.passed)
+    result.review = review.record([*review.flags(source), *observations.flags(evidence.observed)], result.passed)
     return result
 
 
@@ -158,8 +159,18 @@ def judge(rec: RunRecord, found: Mapping[tuple[int, int], Path], settings: Setti
     then judged by :data:`CRITERIA`; the figures the criteria measured are added to ``m``.
     ``timeline_path``: the Horovod timeline the run was told to write (None: none was recorded,
     and the gradients do not count as averaged by Horovod)."""
+    return judged(rec, found, settings, train_root, holdout, m, log, source, timeline_path)[0]
+
+
+def judged(rec: RunRecord, found: Mapping[tuple[int, int], Path], settings: Settings, train_root: Path,
+           holdout: Path, m: dict[str, Any], log: Log, source: str = "",
+           timeline_path: Path | None = None) -> tuple[dict[str, Criterion], Evidence]:
+    """:func:`judge`, and the evidence it judged (what the grader saw from outside the run is added
+    to ``m`` too)."""
     evidence = collect(rec, found, settings, train_root, holdout, m, log, source, timeline_path)
     verdicts = judge_all(evidence, settings)
     for c in verdicts.values():
         m.update(c.measured)
-    return verdicts
+    if evidence.observed is not None:
+        m.update(evidence.observed.figures())
+    return verdicts, evidence

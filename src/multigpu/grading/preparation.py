@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.core import data, devices, layout
-from multigpu.grading import averaging, rules
+from multigpu.grading import averaging, reads, rules
 from multigpu.grading import sandbox as sb
 from multigpu.grading.result import HorovodUnavailable
 from multigpu.grading.rules import Settings
@@ -139,6 +139,8 @@ class Prepared:
     """The folders and rules of one grading, ready before anything of the submission runs."""
 
     work: Path
+    #: the training set the submission reads: this grading's private view of the cached set
+    #: (:func:`reads.private_view`), watched by the grader while the submission runs
     train_root: Path
     holdout: Path
     baseline_root: Path
@@ -157,7 +159,8 @@ def prepare(settings: Settings, work: Path, raw: bytes, unsandboxed: str, hidden
     was hashed). Raises :class:`HorovodUnavailable` where Horovod does not work."""
     private = work / "grader"  # the held-out set: never bound into a sandbox
     log("preparing the data (the training set and the grader's own held-out set)")
-    train_root, holdout, baseline_root = prepare_data(settings, private)
+    cached, holdout, baseline_root = prepare_data(settings, private)
+    train_root = reads.private_view(cached, work / "data" / cached.name)
     rules_ = None if unsandboxed else sandbox_rules(train_root, [private, *hidden], [baseline_root])
     broken = horovod_unavailable(rules_)
     if broken:

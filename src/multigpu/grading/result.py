@@ -85,7 +85,8 @@ class GradeResult:
                           else "  review flags (a pass would be held for review): ")
                          + review.summary(self.review["flags"]))
         facts = [f"{k} {m[k]:.3f}" if isinstance(m.get(k), float) else f"{k} {m[k]}"
-                 for k in ("accuracy_held", "throughput", "ideal", "efficiency", "run_s") if m.get(k) is not None]
+                 for k in ("accuracy_held", "time_to_accuracy_s", "throughput", "ideal", "efficiency", "run_s")
+                 if m.get(k) is not None]
         if facts:
             lines.append("  measured: " + ", ".join(facts))
         return "\n".join(lines)

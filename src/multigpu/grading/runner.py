@@ -16,7 +16,9 @@ checks below are its per-tick callback and its kill), and guarantees, whatever t
   clock (``epoch_times``), so throughput never depends on what the script claims;
 - with ``sandbox=...`` it runs inside bubblewrap (:mod:`multigpu.grading.sandbox`: read-only
   system, private HOME and network namespace, its own PID namespace, an unprivileged account
-  when the grader is root, which is given the run's folder).
+  when the grader is root, which is given the run's folder);
+- ``observers`` watch it from outside while it runs (:class:`Observer`: what it read, who talked
+  to whom); each one's :meth:`Observer.stopped` answer is kept in ``observed``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import psutil
 
@@ -68,6 +71,8 @@ class RunRecord:
     #: the wall clock (seconds since the epoch) when the run was started: ties what the run wrote
     #: with its own clock (a Horovod timeline) to the grader's (0.0: not recorded)
     started_at: float = 0.0
+    #: observer name -> what it saw (:meth:`Observer.stopped`)
+    observed: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -77,6 +82,17 @@ class RunRecord:
 
 #: ``rule(checkpoints_seen, elapsed_s) -> reason``: why to stop a run now ("" to let it go on).
 StopRule = Callable[[dict[tuple[int, int], float], float], str]
+
+
+class Observer(Protocol):
+    """Watches a run from outside: told the run's start (the runner's monotonic clock), given the
+    job's processes on every tick, asked for what it saw when the run has ended."""
+
+    def started(self, start: float) -> None: ...
+
+    def tick(self, pids: set[int], elapsed: float) -> None: ...
+
+    def stopped(self) -> Any: ...
 
 
 def _python_env(extra: dict[str, str] | None, token: str) -> dict[str, str]:
@@ -154,8 +170,11 @@ class _Watch:
     process of the job seen so far (killed with it)."""
 
     def __init__(self, pid: int, ckpt: Path | None, start: float, max_memory_bytes: int | None,
-                 stop_if: StopRule | None):
+                 stop_if: StopRule | None, observers: dict[str, Observer] | None = None):
         self.pid, self.ckpt, self.start, self.max_memory_bytes, self.stop_if = pid, ckpt, start, max_memory_bytes, stop_if
+        self.observers = observers or {}
+        for o in self.observers.values():
+            o.started(start)
         self.seen: dict[tuple[int, int], float] = {}
         self.known: set[int] = set()
         self.peak = 0
@@ -170,9 +189,15 @@ class _Watch:
             self.memory_exceeded = True
             return "too much memory"
         _scan(self.ckpt, self.start, self.seen)
+        for o in self.observers.values():
+            o.tick(alive, elapsed)
         if self.stop_if is None:
             return ""
         return self.stop_if(dict(self.seen), elapsed) or ""
+
+    def observed(self) -> dict[str, Any]:
+        """What each observer saw, once the run has ended."""
+        return {name: o.stopped() for name, o in self.observers.items()}
 
 
 def run_untrusted(
@@ -190,6 +215,7 @@ def run_untrusted(
     max_memory_bytes: int | None = None,
     sandbox: dict[str, Sequence[str | os.PathLike]] | None = None,
     stop_if: StopRule | None = None,
+    observers: dict[str, Observer] | None = None,
 ) -> RunRecord:
     """Run ``script`` in ``workdir`` (created) with the bounds above.
 
@@ -199,7 +225,8 @@ def run_untrusted(
     [...]}``, see :func:`sandbox.command`) runs it in bubblewrap with ``workdir`` its only
     writable folder; the script must then lie inside ``workdir``. ``stop_if(checkpoints, elapsed)``
     is asked on every poll with the checkpoints seen so far (``(rank, epoch) -> seconds``): a
-    non-empty answer stops the run at once and is kept as ``stopped_early``.
+    non-empty answer stops the run at once and is kept as ``stopped_early``. ``observers`` (name ->
+    :class:`Observer`) watch the run; what each saw is in the record's ``observed``.
     """
     from multigpu.running import launch
 
@@ -214,7 +241,7 @@ def run_untrusted(
     started_at = time.time()
     start = time.monotonic()
     proc = launch.start(argv, env=popen_env, cwd=workdir)
-    watch = _Watch(proc.pid, ckpt, start, max_memory_bytes, stop_if)
+    watch = _Watch(proc.pid, ckpt, start, max_memory_bytes, stop_if, observers)
     job = launch.supervise([proc], ["run"], timeout, echo, " ".join(command[:5]), max_output_bytes=max_output_bytes,
                            max_printed_lines=MAX_ECHO_LINES, on_tick=watch.tick, tick_s=POLL_S,
                            kill=lambda: kill_job(proc.pid, token, watch.known), raise_on_timeout=False,
@@ -226,7 +253,7 @@ def run_untrusted(
                        checkpoint_times=dict(watch.seen), epoch_times=_epoch_times(watch.seen),
                        memory_exceeded=watch.memory_exceeded, peak_memory_bytes=watch.peak,
                        sandboxed=sandbox is not None, stopped_early="" if watch.memory_exceeded else job.stopped,
-                       started_at=started_at)
+                       started_at=started_at, observed=watch.observed())
     if log is not None:
         log(f"{' '.join(command[:5])} ...: {_how_it_ended(record)} after {wall:.1f} s")
     return record

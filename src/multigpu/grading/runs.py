@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from multigpu.grading import runner
+from multigpu.core import data
+from multigpu.grading import connections, reads, runner
 from multigpu.grading.preparation import Prepared, mode_env
 from multigpu.grading.rules import Settings
 from multigpu.running.launch import worker_errors
@@ -17,15 +18,20 @@ def run_submission(prepared: Prepared, settings: Settings, args: Sequence[str] =
                    echo: bool = False) -> runner.RunRecord:
     """Run the submission's scratch copy with ``horovodrun -np settings.workers`` in the sandbox,
     told where to write its checkpoints and Horovod's timeline (Horovod's own account of the run:
-    rank 0 records every collective)."""
+    rank 0 records every collective), watched from outside: the training files it opens
+    (:class:`reads.ReadWatch`, observed as ``"reads"``) and the connections between its processes
+    (:class:`connections.TalkWatch`, ``"talk"``)."""
     ckpt = prepared.checkpoints
+    samples = [path for path, _ in data.JPEGFolder(prepared.train_root, None, split="train").samples]
+    observers: dict[str, runner.Observer] = {"reads": reads.ReadWatch(prepared.train_root / "train", samples, ckpt),
+                                             "talk": connections.TalkWatch()}
     return runner.run_untrusted(prepared.submission / "train.py", prepared.submission, workers=settings.workers,
                                 timeout=settings.time_budget_s, max_output_bytes=settings.max_output_bytes,
                                 max_memory_bytes=settings.max_memory_bytes, args=args, echo=echo, checkpoint_dir=ckpt,
                                 env={"MULTIGPU_ASSESSMENT_DATA": str(prepared.train_root),
                                      "MULTIGPU_CHECKPOINT_DIR": str(ckpt), "HOROVOD_TIMELINE": str(prepared.timeline),
                                      **mode_env(settings)},
-                                sandbox=prepared.sandbox, stop_if=lone_rank0(settings.workers))
+                                sandbox=prepared.sandbox, stop_if=lone_rank0(settings.workers), observers=observers)
 
 
 #: The least time a run goes on after rank 0's first checkpoint while no other rank has saved one

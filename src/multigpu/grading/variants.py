@@ -77,8 +77,15 @@ The grader reads the learning rate by the accuracy it reaches (a rate that does 
 ``throughput``, one past the time budget T fails ``workers``): Lab 3's exercises teach the rule
 and the fair share of threads, and the assessment grades what they are for.
 
-Honest conversions (:data:`HONEST`): other batch sizes, learning rates, square-root scaling,
-warm-ups, epochs, Adam, fp16 compression, averaged metrics. Review never flags them.
+Honest conversions (:data:`HONEST`, in :mod:`multigpu.grading.honest`): other batch sizes, learning
+rates, square-root scaling, warm-ups, epochs, Adam, fp16 compression, averaged metrics, a scheduler,
+a decorator, a resumable start. Review never flags them. ``cached_decoded`` (:data:`CACHED`) keeps
+the decoded data set in memory: honest, and held for review with what the grader saw read.
+
+Three kinds of cheating that only facts from outside the run catch, each with two disguises
+(:mod:`multigpu.grading.disguises`: ``hidden_ddp``, ``short_epochs``, ``local_steps`` and their
+disguises) are in :data:`MUST_FAIL` too: ``sharded`` for a claim the reads contradict, "review"
+for a pass that must be held (:data:`disguises.CAUGHT_BY` names the flag).
 
 Failure cases (:data:`FAILURE_CASES`: no cheats; the grader must survive them and fail
 ``workers`` with a message that says what happened, within bounded time and output; the tests
@@ -109,34 +116,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SAVE = "        save_checkpoint(args.checkpoint_dir, model, epoch, rank, trained_on)"
-DISTRIBUTE = "    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())\n"
-SAMPLER = "    sampler = DistributedSampler(train_set, num_replicas=workers, rank=rank, shuffle=True)\n"
-LOADER = "    train_loader = data.make_loader(train_set, args.batch_size, sampler=sampler)"
-SET_EPOCH = "        sampler.set_epoch(epoch)  # Horovod: a new shuffle (and new shards) every epoch\n"
-RECORD = "            trained_on.extend(index.tolist())"
-STEP = "            optimizer.step()\n"
-EVALUATE = "        accuracy = evaluate(model, val_loader, device)"
-IMPORT = "import horovod.torch as hvd  # Horovod: the PyTorch binding\n"
-INIT = ("    hvd.init()  # Horovod: connect to the other workers\n"
-        "    rank, workers = hvd.rank(), hvd.size()  # Horovod\n"
-        "    device = devices.worker_device(hvd.local_rank())  # Horovod: one GPU per worker (CPU mode: the CPU)\n")
-MAIN = 'if __name__ == "__main__":\n    main()'
-RANKS = "rank, workers = hvd.rank(), hvd.size()"
-THREADS = "devices.threads_per_worker(hvd.local_size())"
-PIN = "devices.pin_worker(hvd.local_rank(), hvd.local_size())"
-PIN_LINE = ("    # Horovod (CPU mode): each worker on its own core (README, Performance, has the bench's figures)\n"
-            "    devices.pin_worker(hvd.local_rank(), hvd.local_size())\n")
-BROADCAST = ("    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
-             "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n")
-FORWARD = "loss_fn(model(images), labels)"
-PRINT = ('            print(f"epoch {epoch}/{args.epochs}: loss {loss.item():.3f}, validation accuracy {accuracy:.3f}", '
-         'flush=True)\n')
-MAIN_DEF = "def main(argv: list[str] | None = None) -> None:\n"
-TARGET_LR = "    target_lr = args.lr * workers  # Horovod: the global batch is `workers` times larger\n"
-OPTIMIZER = "    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,\n"
-VAL_COUNTS = ('    counts = hvd.allreduce(torch.tensor([correct, total], dtype=torch.float64), op=hvd.Sum, '
-              'name="val_counts")\n')
+from multigpu.grading import disguises
+from multigpu.grading.edits import (
+    BROADCAST,
+    DISTRIBUTE,
+    EVALUATE,
+    FORWARD,
+    IMPORT,
+    INIT,
+    LOADER,
+    MAIN,
+    MAIN_DEF,
+    PIN,
+    PIN_LINE,
+    PRINT,
+    RANKS,
+    RECORD,
+    SAMPLER,
+    SAVE,
+    SET_EPOCH,
+    STEP,
+    TARGET_LR,
+    THREADS,
+    VAL_COUNTS,
+)
+from multigpu.grading.honest import CACHED, HONEST
 
 #: variant -> the file it is made from instead of the reference (here: the unconverted starter)
 SOURCES: dict[str, Path] = {
@@ -295,6 +299,8 @@ MUST_FAIL: dict[str, str] = {
     # no check inside the run can prove what was all-reduced: these are held for review
     "timeline_forger": "review",
     "zero_allreduce": "review",
+    # caught by what the grader saw from outside the run, or held for review
+    **{name: by if not by.startswith("held:") else "review" for name, by in disguises.CAUGHT_BY.items()},
     "crash": "workers",
     "hang": "workers",
     "huge_output": "workers",
@@ -307,42 +313,9 @@ EDITS["starter_threads"] = {THREADS: "devices.threads_per_worker(1)", PIN_LINE: 
 #: Mistakes judged by their effect: variant -> the criterion that measures it (see the module doc)
 BY_EFFECT: dict[str, str] = {"no_lr_scaling": "accuracy", "starter_threads": "throughput"}
 
-#: Honest conversions a learner may write: other hyperparameters, other ways to scale the rate,
-#: other ways to write the same conversion. Review never flags them (tests/test_review.py).
-HONEST: dict[str, dict[str, str]] = {
-    "batch_16": {"BATCH = 32": "BATCH = 16"},
-    "batch_48": {"BATCH = 32": "BATCH = 48"},
-    "batch_64": {"BATCH = 32": "BATCH = 64"},
-    "batch_128": {"BATCH = 32": "BATCH = 128"},
-    "lr_half": {"LR = 0.01": "LR = 0.005"},
-    "lr_double": {"LR = 0.01": "LR = 0.02"},
-    "sqrt_scaling": {TARGET_LR: "    target_lr = args.lr * workers ** 0.5  # Horovod: square-root scaling\n"},
-    "sqrt_scaling_math": {TARGET_LR: "    import math\n    target_lr = args.lr * math.sqrt(hvd.size())\n"},
-    "no_warmup": {"WARMUP = 1.0": "WARMUP = 0.0"},
-    "long_warmup": {"WARMUP = 1.0": "WARMUP = 2.0"},
-    "six_epochs": {"EPOCHS = 5": "EPOCHS = 6"},
-    "one_decay_epoch": {"DECAY = 2": "DECAY = 1"},
-    "momentum_low": {'"--momentum", type=float, default=0.9': '"--momentum", type=float, default=0.8'},
-    "fp16_compression": {DISTRIBUTE: ("    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),\n"
-                                      "                                         compression=hvd.Compression.fp16)\n")},
-    "average_op": {DISTRIBUTE: ("    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),\n"
-                                "                                         op=hvd.Average)\n")},
-    "adam": {OPTIMIZER: "    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr / 10,\n"},
-    "averaged_loss": {EVALUATE: (EVALUATE + '\n        mean_loss = hvd.allreduce(loss.detach(), name="train_loss")  '
-                                 '# Horovod: the mean of the ranks'),
-                      "loss {loss.item():.3f}": "loss {mean_loss.item():.3f}"},
-    "timed_epochs": {"import os\n": "import os\nimport time\n",
-                     SET_EPOCH: SET_EPOCH + "        started = time.perf_counter()\n",
-                     PRINT: PRINT + "            print(f\"took {time.perf_counter() - started:.1f} s\")\n"},
-    "metric_helper": {
-        MAIN_DEF: ("def metric_average(value: float, name: str) -> float:\n"
-                   "    return float(hvd.allreduce(torch.tensor(value), name=name))  # Horovod: averaged over ranks\n\n\n"
-                   + MAIN_DEF),
-        EVALUATE: EVALUATE + "\n        mean_loss = metric_average(loss.item(), 'train_loss')",
-        "loss {loss.item():.3f}": "loss {mean_loss:.3f}"},
-    "rank_zero_sampler_seed": {SAMPLER: ("    sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=True,\n"
-                                         "                                 seed=42)\n")},
-}
+EDITS.update(disguises.EDITS)
+EDITS.update(CACHED)
+
 #: Failures the grader must handle (a crash, a hang, a flood of output, a script that does not
 #: compile), not cheats: the tests grade them, ``multigpu calibrate`` does not.
 FAILURE_CASES: tuple[str, ...] = ("crash", "hang", "huge_output", "syntax_error")
@@ -357,7 +330,7 @@ def write(name: str, reference: Path, dest: Path) -> Path:
     others are ``reference`` with the edits of :data:`EDITS`. The result need not compile
     (``syntax_error`` does not)."""
     if name not in SOURCES and name not in EDITS and name not in HONEST:
-        raise KeyError(f"no variant {name!r}: the variants are {', '.join([*MUST_FAIL, *BY_EFFECT, *HONEST])}")
+        raise KeyError(f"no variant {name!r}: the variants are {', '.join([*MUST_FAIL, *BY_EFFECT, *HONEST, *CACHED])}")
     source = Path(SOURCES.get(name, reference)).read_text()
     for old, new in {**EDITS.get(name, {}), **HONEST.get(name, {})}.items():
         if source.count(old) != 1:

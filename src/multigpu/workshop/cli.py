@@ -33,7 +33,7 @@ def hub_url() -> str:
 
 
 def setup(instructor: str) -> int:
-    from multigpu.grading import certificates
+    from multigpu.credential import certificates
     from multigpu.workshop import course
 
     hub = Hub.default()

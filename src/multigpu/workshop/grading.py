@@ -119,7 +119,7 @@ def certify(hub: Hub, student: str) -> dict[str, Any]:
     import hashlib
     import json
 
-    from multigpu.grading import certificates
+    from multigpu.credential import certificates
 
     path = hub.results / f"{student}.json"
     if not path.is_file():

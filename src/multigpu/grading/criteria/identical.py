@@ -1,6 +1,8 @@
 """``identical``: every rank holds the same trainable weights after every epoch, AND Horovod
 averaged the gradients (its timeline shows the rounds of gradient all-reduces while the run
-trained: :mod:`multigpu.grading.averaging`)."""
+trained: :mod:`multigpu.grading.averaging`). The timeline is the run's own claim: where the grader
+saw the ranks talk over connections Horovod did not open, the message says so (and the pass is
+held: :mod:`multigpu.grading.observations`)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ def judge(evidence: Evidence, settings: Settings) -> Criterion:
                          f"difference {spread.largest:.3g} in '{spread.tensor}'): {BROADCAST}", measured=measured)
     if not by_horovod.ok:
         return Criterion(NAME, POINTS, False, by_horovod.message, measured=measured)
+    foreign = evidence.observed.foreign if evidence.observed else None
+    doubt = (f"; but the ranks also held {len(foreign)} TCP connection(s) that Horovod did not open, so the "
+             "timeline is not taken at its word: the pass is held for review") if foreign else ""
     return Criterion(NAME, POINTS, True,
                      f"all {settings.workers} ranks hold the same trainable weights after each of "
-                     f"{len(evidence.complete)} epochs ({BUFFERS}); " + by_horovod.message, measured=measured)
+                     f"{len(evidence.complete)} epochs ({BUFFERS}); " + by_horovod.message + doubt, measured=measured)

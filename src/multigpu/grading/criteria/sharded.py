@@ -1,6 +1,7 @@
 """``sharded``: in every epoch the ranks trained on disjoint shards that together cover the
-training set, each index listed once (counted only when Horovod averaged the gradients: shards
-make one model only then)."""
+training set, each index listed once, and the grader saw the file of every sample they claimed
+opened (:mod:`multigpu.grading.reads`, watched from outside the sandbox); counted only when
+Horovod averaged the gradients: shards make one model only then."""
 
 from __future__ import annotations
 
@@ -36,12 +37,27 @@ def judge(evidence: Evidence, settings: Settings) -> Criterion:
         problem = epoch_problem(e, [loaded[(r, e)]["indices"] for r in range(n)], train_size)
         if problem:
             break
+    problem = problem or never_read(evidence)
     order = "" if problem else epochs.same_order_every_epoch(
         {(r, e): loaded[(r, e)]["indices"] for r in range(n) for e in complete}) or ""
     hint = "" if order else between_epochs(loaded, complete, n)
     problem = problem or order
     return Criterion(NAME, POINTS, not problem, (problem or f"disjoint shards covering all {train_size} training "
                                                  f"samples in each of {len(complete)} epochs") + hint)
+
+
+def never_read(evidence: Evidence) -> str:
+    """The first epoch whose claimed samples include files no process had opened by its end ("" when
+    none does, or the reads were not watched)."""
+    found = evidence.observed.never_read() if evidence.observed else []
+    if not found:
+        return ""
+    r = found[0]
+    return (f"epoch {r.epoch}: the ranks claimed {r.claimed} samples, and {r.never} of them were never read: the "
+            f"grader watched the training set from outside the sandbox and saw {r.read} distinct training files "
+            f"opened during the epoch (and none of those {r.never} before its end). List exactly the samples each "
+            "rank trained on (trained_on.extend(index.tolist()) per batch) and train on its whole shard"
+            + (f"; {len(found) - 1} later epoch(s) too" if len(found) > 1 else ""))
 
 
 def epoch_problem(epoch: int, indices: Sequence[Sequence[int]], train_size: int) -> str:

@@ -1,5 +1,6 @@
 """``throughput``: the run's images/s (checkpoint arrival times by the grader's clock, the
-DISTINCT indices of each epoch) against the ideal measured in the same grading (min(workers,
+DISTINCT indices of each epoch whose files the grader saw opened: :func:`observations.seen_images`)
+against the ideal measured in the same grading (min(workers,
 cores or GPUs) x the single-worker baseline), at least ``settings.efficiency``. Counted only for a
 run that passed every other criterion; above :data:`rules.MAX_TRUSTED_EFFICIENCY` x ideal it is a
 measurement the grader does not trust, never a pass."""
@@ -10,7 +11,7 @@ import statistics
 from typing import Any
 
 from multigpu.core import devices
-from multigpu.grading import rules
+from multigpu.grading import observations, rules
 from multigpu.grading.baselines import agreeing_baselines
 from multigpu.grading.checkpoints import images_per_epoch
 from multigpu.grading.evidence import Evidence
@@ -32,7 +33,8 @@ TOO_SLOW = ("too slow. Give each worker cores // workers threads, use a larger p
 def judge(evidence: Evidence, settings: Settings) -> Criterion:
     """The efficiency against the ideal, or why it is not measured or not counted."""
     n = settings.workers
-    throughput = run_throughput(evidence.run, images_per_epoch(evidence.loaded))
+    throughput = run_throughput(evidence.run, observations.seen_images(evidence.observed,
+                                                                       images_per_epoch(evidence.loaded)))
     baselines = list(evidence.baselines)
     agreeing = agreeing_baselines(baselines, settings.baseline_tolerance) if len(baselines) >= 2 else baselines
     measured: dict[str, Any] = {"throughput": round(throughput, 2) if throughput else None}

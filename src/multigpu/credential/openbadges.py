@@ -18,7 +18,7 @@ What the course hosts (:func:`publish`, ``multigpu publish-issuer DIR``), all at
 - ``issuer.json``: the issuer's Open Badges ``Profile`` with its key (``verificationMethod``);
 - ``jwks.json``: the same key as a JWK Set, what JWT libraries read;
 - ``course-key.pub``: the key in the form ``multigpu verify --public-key`` reads;
-- ``status-list.jwt``: the revocation list (:mod:`multigpu.grading.status_list`), signed;
+- ``status-list.jwt``: the revocation list (:mod:`multigpu.credential.status_list`), signed;
 - ``verify.html``: the verification page with the key and the status list inside it.
 
 The key in a credential's header (``jwk``) is a hint for tools; every verifier here checks against
@@ -42,7 +42,7 @@ from joserfc import jws
 from joserfc.errors import BadSignatureError, JoseError, SecurityWarning
 from joserfc.jwk import OKPKey
 
-from multigpu.grading import status_list
+from multigpu.credential import status_list
 
 VC_CONTEXT = "https://www.w3.org/ns/credentials/v2"
 OB_CONTEXT = "https://purl.imsglobal.org/spec/ob/v3p0/context-3.0.3.json"
@@ -107,6 +107,9 @@ def _results(issuer_url: str, record: dict[str, Any]) -> tuple[list[dict], list[
         ("accuracy", "Held-out accuracy measured by the grader", "Percent", _pct(t.get("accuracy")), _pct(a.get("accuracy"))),
         ("efficiency", "Throughput as a multiple of the ideal of its workers", "Result",
          t.get("efficiency"), a.get("efficiency")),
+        ("time_to_accuracy", "Time to accuracy: seconds, by the grader's clock, to the end of the first epoch after "
+         "which the held-out accuracy stayed at the required value (MLPerf's time to train)", "Result", None,
+         a.get("time_to_accuracy_s")),
         ("throughput", "Aggregate throughput, images per second", "Result", None, a.get("throughput_images_per_s")),
         ("score", "Points of the final assessment", "RawScore", a.get("max_score"), a.get("score")),
     ]
@@ -247,7 +250,7 @@ def token_of(text: str) -> str:
 
 
 def page_template() -> str:
-    return resources.files("multigpu.grading").joinpath(PAGE).read_text(encoding="utf-8")
+    return resources.files("multigpu.credential").joinpath(PAGE).read_text(encoding="utf-8")
 
 
 def page(profile: dict[str, Any], status_token: str) -> str:

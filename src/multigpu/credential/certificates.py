@@ -1,10 +1,10 @@
 """Signed, verifiable certificates of the final assessment, as Open Badges 3.0 credentials.
 
 A certificate is two files: ``<id>.pdf`` for people, and ``<id>.json`` for machines: an Open
-Badges 3.0 credential (:mod:`multigpu.grading.openbadges`) signed with the course's Ed25519 key,
+Badges 3.0 credential (:mod:`multigpu.credential.openbadges`) signed with the course's Ed25519 key,
 which states the record (name, course, date, the grader's measurements and thresholds, the
 graded source's SHA-256 and the grader's version, the PDF's SHA-256) and points to the course's
-revocation list (:mod:`multigpu.grading.status_list`). ``multigpu verify CERT.json --public-key
+revocation list (:mod:`multigpu.credential.status_list`). ``multigpu verify CERT.json --public-key
 course-key.pub`` checks all of it: any changed byte of the credential or of the PDF, or a signature
 by another key, is reported, and so is a revoked certificate, with the reason. Other tools read
 the same file: any Open Badges 3.0 verifier that fetches the course's published key, and the
@@ -22,8 +22,8 @@ written by :mod:`multigpu.grading.official` from the grader's own sandboxed run,
 notebook) says passed, sandboxed, on a real profile, and not held for review unless a person
 approved it. Nothing a submission wrote is read.
 
-The jobs live apart: :mod:`~multigpu.grading.course_key` (the key pair),
-:mod:`~multigpu.grading.credentials` (a certificate's files: issue, verify, revoke, publish) and
+The jobs live apart: :mod:`~multigpu.credential.course_key` (the key pair),
+:mod:`~multigpu.credential.credentials` (a certificate's files: issue, verify, revoke, publish) and
 this module (who gets one: :func:`certify`); the names callers use are importable from here.
 """
 
@@ -36,8 +36,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from multigpu.grading.course_key import default_key_path, keygen, load_private_key, load_public_key, public_key_path
-from multigpu.grading.credentials import (
+from multigpu.credential.course_key import default_key_path, keygen, load_private_key, load_public_key, public_key_path
+from multigpu.credential.credentials import (
     COURSE,
     LOCAL_ISSUER_URL,
     CertificateError,
