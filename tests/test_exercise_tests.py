@@ -107,6 +107,13 @@ def amp_step_with(line: str, replacement: str) -> str:
     return right.replace(line, replacement)
 
 
+def solution_with(notebook: str, exercise: str, line: str, replacement: str) -> str:
+    """An exercise's solution cell with one line replaced: a wrong answer."""
+    right = cell(notebook, exercise)
+    assert line in right, f"the solution's {exercise} has no line {line!r}"
+    return right.replace(line, replacement)
+
+
 def parallel_degree_with(line: str, replacement: str) -> str:
     """Lab 4's Exercise 8 (the solution cell) with one line replaced: a wrong answer."""
     right = cell("04-beyond-one-box", "model_parallel_degree")
@@ -520,6 +527,55 @@ WRONG = [
             fitting = [p for p in plans if p[1] <= deadline_hours]
             return min(fitting)[2:] if fitting else None
      """, "compare every option that meets the deadline"),
+    ("03-horovod", "ex10-syncbn", "test-ex10-syncbn", """
+        from multigpu.labs.lab3 import syncbn
+
+        def to_sync_batchnorm(module):
+            for name, child in module.named_children():
+                if isinstance(child, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)):
+                    sync = syncbn.SyncBatchNorm(child.num_features)  # the default eps and momentum
+                    sync.load_state_dict(child.state_dict())
+                    setattr(module, name, sync)
+                else:
+                    to_sync_batchnorm(child)
+            return module
+     """, "pass the layer's eps and momentum"),
+    ("03-horovod", "ex10-syncbn", "test-ex10-syncbn",
+     solution_with("03-horovod", "ex10-syncbn", "        sync.train(module.training)  # a layer in evaluation mode stays in it\n", ""),
+     "keep each layer's mode"),
+    ("03-horovod", "ex10-syncbn", "test-ex10-syncbn",
+     solution_with("03-horovod", "ex10-syncbn", "            new.requires_grad_(old.requires_grad)  # a frozen layer stays frozen\n",
+                   "            pass\n"),
+     "keep frozen layers frozen"),
+    ("03-horovod", "ex8-checkpoint", "test-ex8-checkpoint", """
+        def save_checkpoint(model, optimizer, epoch, path):
+            if hvd.rank() != 0:
+                return False
+            torch.save({"model": model, "optimizer": None, "epoch": epoch}, path)  # the objects, no optimizer
+            return True
+     """, "save the state_dict()s, not the objects"),
+    ("03-horovod", "ex8-checkpoint", "test-ex8-checkpoint", """
+        def save_checkpoint(model, optimizer, epoch, path):
+            if hvd.rank() != 0:
+                return False
+            torch.save({"model": model.state_dict(), "optimizer": None, "epoch": epoch}, path)  # the weights only
+            return True
+     """, "save model.state_dict() and optimizer.state_dict()"),
+    ("03-horovod", "ex8-checkpoint", "test-ex8-checkpoint", """
+        def save_checkpoint(model, optimizer, epoch, path):
+            if hvd.rank() != 0:
+                return False
+            torch.save(model.state_dict(), path)  # the weights alone, not a dict of the three
+            return True
+     """, "save a dict with model, optimizer and epoch"),
+    ("03-horovod", "ex8-checkpoint", "test-ex8-checkpoint", """
+        def save_checkpoint(model, optimizer, epoch, path):
+            if hvd.rank() != 0:
+                return False
+            fresh = type(optimizer)(model.parameters(), **optimizer.defaults)  # a new optimizer: no momentum yet
+            torch.save({"model": model.state_dict(), "optimizer": fresh.state_dict(), "epoch": epoch}, path)
+            return True
+     """, "save optimizer.state_dict() as it is after the steps"),
     ("03-horovod", "ex10-syncbn", "test-ex10-syncbn", """
         from multigpu.labs.lab3 import syncbn
 
