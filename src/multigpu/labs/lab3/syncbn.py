@@ -17,8 +17,9 @@ is one all-reduce of the gradients of the moments, which is what the global stat
 needs); in evaluation it is a plain BatchNorm. The statistics, the normalisation and the
 running-statistics update are those of a plain BatchNorm over the global batch, with one caveat:
 the variance is ``E[x^2] - E[x]^2``, which in float32 cancels when a channel's mean is large against
-its spread (at a mean 1000 times the standard deviation the variance is off by per cents, at 10^4
-times it is noise, and the clamp at zero hides a negative result). That is fine for the
+its spread (measured on a 2 x 16 x 32 x 32 batch: at a mean 100 times the standard deviation the
+variance is off by up to 0.3%, at 1000 times by up to 20%, at a few thousand times it is noise; the
+clamp at zero hides a negative result). That is fine for the
 normalised activations of the lab's network; Horovod's and torch's own versions combine each
 worker's mean and variance instead, which does not cancel.
 
