@@ -63,7 +63,7 @@ def test_checkpoints_pay_off_on_a_long_job_and_cost_time_on_a_safe_one():
 def test_the_cheapest_option_that_meets_the_deadline():
     efficiency = {1: 1.0, 2: 0.95, 4: 0.9, 8: 0.8, 16: 0.6}.get
     choices = costs.options(16.0, efficiency, gpus=(1, 2, 4, 8, 16), on_demand=3.0, spot=0.9,
-                            interruptions_per_hour=0.2, checkpoint_every=0.25, checkpoint_cost=0.01)
+                            interruptions_per_hour=0.2, gpus_per_instance=16, checkpoint_every=0.25, checkpoint_cost=0.01)
     assert len(choices) == 15 and {o.label for o in choices} == {
         "on demand", "spot, restart from zero", "spot, from the last checkpoint"}
     on_demand = {o.gpus: o for o in choices if o.label == "on demand"}
@@ -88,9 +88,37 @@ def test_the_v100_spot_range_runs_from_the_k80s_discount_to_on_demand_where_spot
         return 0.9 ** math.log2(n)
     for deadline in (200, 30, 8):
         at_high = costs.options(100, efficiency, on_demand=on_demand, spot=high, interruptions_per_hour=0.5,
-                                checkpoint_every=0.1)
+                                gpus_per_instance=8, checkpoint_every=0.1)
         best = costs.cheapest_within(at_high, deadline)
         assert best is not None and best.label == "on demand", (deadline, best)
         at_low = costs.options(100, efficiency, on_demand=on_demand, spot=low, interruptions_per_hour=0.5,
-                               checkpoint_every=0.1)
+                               gpus_per_instance=8, checkpoint_every=0.1)
         assert costs.cheapest_within(at_low, deadline).label == "spot, from the last checkpoint", deadline
+
+
+def test_a_job_on_m_instances_is_interrupted_m_times_as_often():
+    assert [costs.instances(n, 8) for n in (1, 8, 9, 16, 64)] == [1, 1, 2, 2, 8]
+    assert costs.job_rate(0.5, 64, 8) == 4.0 and costs.job_rate(0.5, 64, 1) == 32.0
+    with pytest.raises(ValueError):
+        costs.instances(0, 8)
+
+    def efficiency(n):
+        return 1.0
+
+    kw = dict(on_demand=3.0, spot=1.0, interruptions_per_hour=0.5, checkpoint_every=0.1)
+    for per_instance in (1, 4, 8):
+        choices = {(o.gpus, o.label): o for o in costs.options(100, efficiency, gpus_per_instance=per_instance, **kw)}
+        for n in (1, 4, 16, 64):
+            rate = 0.5 * -(-n // per_instance)
+            hours = 100 / n
+            assert math.isclose(choices[n, "spot, from the last checkpoint"].hours,
+                                costs.expected_hours_with_interruptions(hours, rate, checkpoint_every=0.1)), (per_instance, n)
+    # one GPU per instance: 64 GPUs are interrupted 32 times an hour and take longer than 8 GPUs per instance
+    one = {(o.gpus, o.label): o for o in costs.options(100, efficiency, gpus_per_instance=1, **kw)}
+    eight = {(o.gpus, o.label): o for o in costs.options(100, efficiency, gpus_per_instance=8, **kw)}
+    assert one[64, "spot, from the last checkpoint"].hours > 2 * eight[64, "spot, from the last checkpoint"].hours
+
+
+def test_a_job_that_cannot_finish_takes_infinite_hours_instead_of_overflowing():
+    assert costs.expected_hours_with_interruptions(100.0, 32.0) == math.inf
+    assert math.isfinite(costs.expected_hours_with_interruptions(100.0, 32.0, checkpoint_every=0.1))

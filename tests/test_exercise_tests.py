@@ -127,6 +127,20 @@ def amp_step_with(line: str, replacement: str) -> str:
     return right.replace(line, replacement)
 
 
+def solution_with(notebook: str, exercise: str, line: str, replacement: str) -> str:
+    """An exercise's solution cell with one line replaced: a wrong answer."""
+    right = cell(notebook, exercise)
+    assert line in right, f"the solution's {exercise} has no line {line!r}"
+    return right.replace(line, replacement)
+
+
+def parallel_degree_with(line: str, replacement: str) -> str:
+    """Lab 4's Exercise 8 (the solution cell) with one line replaced: a wrong answer."""
+    right = cell("04-beyond-one-box", "model_parallel_degree")
+    assert line in right, f"the solution's Exercise 8 has no line {line!r}"
+    return right.replace(line, replacement)
+
+
 class PreloadedPython:
     """A Python with torch, Horovod and the package imported once, that runs each script in a fork
     of itself (tests/fixtures/preloaded_python.py): a fresh process per case without the imports."""
@@ -493,21 +507,95 @@ WRONG = [
      """, "count T / tau segments"),
     ("04-beyond-one-box", "cheapest_plan", "test_cheapest_plan", """
         def cheapest_plan(one_gpu_hours, efficiency, deadline_hours, on_demand, spot, interruptions_per_hour,
-                          checkpoint_every, gpus=(1, 2, 4, 8, 16, 32, 64)):
+                          checkpoint_every, gpus_per_instance, gpus=(1, 2, 4, 8, 16, 32, 64)):
             fitting = [(n * on_demand * one_gpu_hours / (n * efficiency(n)), n) for n in gpus
                        if one_gpu_hours / (n * efficiency(n)) <= deadline_hours]
             return (min(fitting)[1], "on demand") if fitting else None  # spot forgotten
      """, "compare every GPU count, on demand and spot"),
     ("04-beyond-one-box", "cheapest_plan", "test_cheapest_plan", """
         def cheapest_plan(one_gpu_hours, efficiency, deadline_hours, on_demand, spot, interruptions_per_hour,
-                          checkpoint_every, gpus=(1, 2, 4, 8, 16, 32, 64)):
+                          checkpoint_every, gpus_per_instance, gpus=(1, 2, 4, 8, 16, 32, 64)):
             plans = []
             for n in gpus:
                 hours = one_gpu_hours / (n * efficiency(n))
                 plans.append((n * on_demand * hours, n, "on demand"))
-                plans.append((n * spot * expected_spot_hours(hours, interruptions_per_hour, checkpoint_every), n, "spot"))
+                rate = interruptions_per_hour * math.ceil(n / gpus_per_instance)
+                plans.append((n * spot * expected_spot_hours(hours, rate, checkpoint_every), n, "spot"))
             return min(plans)[1:]  # the deadline forgotten
      """, "return None when no option finishes in time"),
+    ("04-beyond-one-box", "cheapest_plan", "test_cheapest_plan", """
+        def cheapest_plan(one_gpu_hours, efficiency, deadline_hours, on_demand, spot, interruptions_per_hour,
+                          checkpoint_every, gpus_per_instance, gpus=(1, 2, 4, 8, 16, 32, 64)):
+            plans = []
+            for n in gpus:
+                hours = one_gpu_hours / (n * efficiency(n))
+                plans.append((n * on_demand * hours, hours, n, "on demand"))
+                spot_hours = expected_spot_hours(hours, interruptions_per_hour, checkpoint_every)  # the rate of one instance
+                plans.append((n * spot * spot_hours, spot_hours, n, "spot"))
+            fitting = [p for p in plans if p[1] <= deadline_hours]
+            return min(fitting)[2:] if fitting else None
+     """, "multiply the interruption rate by the instances the job runs on"),
+    ("04-beyond-one-box", "cheapest_plan", "test_cheapest_plan", """
+        def cheapest_plan(one_gpu_hours, efficiency, deadline_hours, on_demand, spot, interruptions_per_hour,
+                          checkpoint_every, gpus_per_instance, gpus=(1, 2, 4, 8, 16, 32, 64)):
+            plans = []
+            for n in gpus:
+                hours = one_gpu_hours / (n * efficiency(n))
+                plans.append((n * on_demand * hours, hours, n, "on demand"))
+                spot_hours = expected_spot_hours(hours, interruptions_per_hour * n, checkpoint_every)  # every GPU an instance
+                plans.append((n * spot * spot_hours, spot_hours, n, "spot"))
+            fitting = [p for p in plans if p[1] <= deadline_hours]
+            return min(fitting)[2:] if fitting else None
+     """, "compare every option that meets the deadline"),
+    ("03-horovod", "ex10-syncbn", "test-ex10-syncbn", """
+        from multigpu.labs.lab3 import syncbn
+
+        def to_sync_batchnorm(module):
+            for name, child in module.named_children():
+                if isinstance(child, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)):
+                    sync = syncbn.SyncBatchNorm(child.num_features)  # the default eps and momentum
+                    sync.load_state_dict(child.state_dict())
+                    setattr(module, name, sync)
+                else:
+                    to_sync_batchnorm(child)
+            return module
+     """, "pass the layer's eps and momentum"),
+    ("03-horovod", "ex10-syncbn", "test-ex10-syncbn",
+     solution_with("03-horovod", "ex10-syncbn", "        sync.train(module.training)  # a layer in evaluation mode stays in it\n", ""),
+     "keep each layer's mode"),
+    ("03-horovod", "ex10-syncbn", "test-ex10-syncbn",
+     solution_with("03-horovod", "ex10-syncbn", "            new.requires_grad_(old.requires_grad)  # a frozen layer stays frozen\n",
+                   "            pass\n"),
+     "keep frozen layers frozen"),
+    ("03-horovod", "ex8-checkpoint", "test-ex8-checkpoint", """
+        def save_checkpoint(model, optimizer, epoch, path):
+            if hvd.rank() != 0:
+                return False
+            torch.save({"model": model, "optimizer": None, "epoch": epoch}, path)  # the objects, no optimizer
+            return True
+     """, "save the state_dict()s, not the objects"),
+    ("03-horovod", "ex8-checkpoint", "test-ex8-checkpoint", """
+        def save_checkpoint(model, optimizer, epoch, path):
+            if hvd.rank() != 0:
+                return False
+            torch.save({"model": model.state_dict(), "optimizer": None, "epoch": epoch}, path)  # the weights only
+            return True
+     """, "save model.state_dict() and optimizer.state_dict()"),
+    ("03-horovod", "ex8-checkpoint", "test-ex8-checkpoint", """
+        def save_checkpoint(model, optimizer, epoch, path):
+            if hvd.rank() != 0:
+                return False
+            torch.save(model.state_dict(), path)  # the weights alone, not a dict of the three
+            return True
+     """, "save a dict with model, optimizer and epoch"),
+    ("03-horovod", "ex8-checkpoint", "test-ex8-checkpoint", """
+        def save_checkpoint(model, optimizer, epoch, path):
+            if hvd.rank() != 0:
+                return False
+            fresh = type(optimizer)(model.parameters(), **optimizer.defaults)  # a new optimizer: no momentum yet
+            torch.save({"model": model.state_dict(), "optimizer": fresh.state_dict(), "epoch": epoch}, path)
+            return True
+     """, "save optimizer.state_dict() as it is after the steps"),
     ("03-horovod", "ex10-syncbn", "test-ex10-syncbn", """
         from multigpu.labs.lab3 import syncbn
 
@@ -543,30 +631,29 @@ WRONG = [
                     to_sync_batchnorm(child)
             return module
      """, "replace each BatchNorm by a syncbn.SyncBatchNorm"),
-    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree", """
-        BYTES_PER_PARAMETER = 2  # the fp16 weights only
-
-        def model_parallel_degree(parameters, bytes_per_parameter, memory_bytes, activation_bytes=0):
-            k = 1
-            while parameters * bytes_per_parameter / k + activation_bytes > memory_bytes:
-                k *= 2
-            return k
-     """, "count what mixed-precision Adam keeps per parameter, not only the fp16 weights"),
-    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree", """
-        BYTES_PER_PARAMETER = 16
-
-        def model_parallel_degree(parameters, bytes_per_parameter, memory_bytes, activation_bytes=0):
-            return math.ceil(parameters * bytes_per_parameter / (memory_bytes - activation_bytes))  # 5 GPUs
-     """, "round up to a power of two"),
-    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree", """
-        BYTES_PER_PARAMETER = 16
-
-        def model_parallel_degree(parameters, bytes_per_parameter, memory_bytes, activation_bytes=0):
-            k = 1
-            while parameters * bytes_per_parameter / k > memory_bytes:  # the activations forgotten
-                k *= 2
-            return k
-     """, "fit each GPU's share plus activation_bytes"),
+    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree",
+     parallel_degree_with("    state = 4 * OPTIMIZER_STATES[optimizer]\n", "    return 2  # the fp16 weights only\n"),
+     "count what training keeps per parameter, not only the float16 weights"),
+    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree",
+     parallel_degree_with("    state = 4 * OPTIMIZER_STATES[optimizer]\n", "    return 2 + 2 + 4 + 4 + 4  # the worked example, always\n"),
+     "count the optimizer's own state"),
+    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree",
+     parallel_degree_with("    state = 4 * OPTIMIZER_STATES[optimizer]\n", "    state = 8  # Adam's two moments for every optimizer\n"),
+     "count the optimizer's own state"),
+    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree",
+     parallel_degree_with("    return 4 + 4 + state", "    return 2 + 2 + 4 + 4 + 4 + state  # float16 copies and a master copy in float32 too"),
+     "in float32 the weight is the only copy"),
+    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree",
+     parallel_degree_with("        return 2 + 2 + 4 + state", "        return 2 + 2 + state  # no float32 master weight"),
+     "count every copy mixed-precision Adam keeps per parameter"),
+    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree", parallel_degree_with(
+        "    k = 1\n    while parameters * bytes_per_parameter / k + activation_bytes > memory_bytes:\n        k *= 2\n    return k",
+        "    return math.ceil(parameters * bytes_per_parameter / (memory_bytes - activation_bytes))  # 5 GPUs"),
+     "round up to a power of two"),
+    ("04-beyond-one-box", "model_parallel_degree", "test_model_parallel_degree", parallel_degree_with(
+        "    while parameters * bytes_per_parameter / k + activation_bytes > memory_bytes:",
+        "    while parameters * bytes_per_parameter / k > memory_bytes:  # the activations forgotten"),
+     "fit each GPU's share plus activation_bytes"),
     ("05-sharding-and-model-parallelism", "bytes_per_device", "test_bytes_per_device", """
         def bytes_per_device(parameters, stage, workers, optimizer="mixed adam"):
             n = workers  # 2 + 2 + 12 whatever the optimizer

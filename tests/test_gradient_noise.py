@@ -82,3 +82,13 @@ def test_model_noise_scale_on_a_linear_model_matches_per_example_value():
     assert all(q.grad is None for q in model.parameters()), "gradients must be cleared"
     with pytest.raises(ValueError):
         gradient_noise.model_noise_scale(model, batches[:1], loss_fn=loss_fn)
+
+
+def test_the_step_saving_of_mccandlishs_model():
+    assert gradient_noise.step_saving(0.0, 4, 256) == 1.0  # no noise: a larger batch saves no step
+    assert gradient_noise.step_saving(1e9, 4, 16) == pytest.approx(4.0, rel=1e-6)  # far below B_noise: perfect scaling
+    assert gradient_noise.step_saving(27.0, 4, 16) == pytest.approx((1 + 27 / 4) / (1 + 27 / 16))
+    assert gradient_noise.step_saving(27.0, 4, 1e12) == pytest.approx(1 + 27 / 4)  # the ceiling, however large the batch
+    assert gradient_noise.step_saving(float("inf"), 4, 16) == 4.0
+    with pytest.raises(ValueError):
+        gradient_noise.step_saving(-1.0, 4, 16)

@@ -83,35 +83,58 @@ def test_a_diverged_run_stops_and_says_so():
     assert history["diverged"] and history["steps"] < 10_000
 
 
-def test_the_plan_tries_every_staleness_at_the_rate_and_the_large_ones_at_rate_over_tau():
-    setup = staleness.Setup(lr=0.4, taus=(0, 1, 8), seeds=(1, 2))
+def test_the_bound_rate_falls_as_the_quadratics_bound_not_as_one_over_tau():
+    assert [round(staleness.bound_rate(1.0, tau), 3) for tau in (0, 1, 4, 16)] == [1.0, 0.5, 0.174, 0.048]
+    assert staleness.bound_rate(0.2, 4) == pytest.approx(0.2 * np.sin(np.pi / 18))
+
+
+def test_the_plan_tries_each_staleness_at_the_fresh_and_the_bounds_rate_and_sync_with_as_many_workers():
+    setup = staleness.Setup(lr=0.4, batch=16, taus=(0, 1, 8), seeds=(1, 2))
     keys = setup.plan()
-    assert len(keys) == len(set(keys)) == 2 * (3 + 1)
-    assert (8, 0.05, 2) in keys and (1, 0.4, 1) in keys and (1, 0.4, 2) in keys
+    assert len(keys) == len(set(keys)) == 2 * (1 + 2 + 2 + 2)
+    assert (0, 0.4, 16, 1) in keys and (1, 0.4, 16, 2) in keys and (8, 0.4, 16, 1) in keys
+    assert (1, pytest.approx(0.2), 16, 1) in keys and (8, pytest.approx(0.4 * np.sin(np.pi / 34)), 16, 2) in keys
+    assert (0, 0.4, 32, 1) in keys and (0, 0.4, 9 * 16, 2) in keys  # 2 and 9 synchronous workers
 
 
 def fake(setup, accs, diverged=()):
-    return {(tau, lr, seed): {"val_acc": accs[tau, lr][i], "train_loss": [2.0], "diverged": (tau, lr) in diverged}
-            for (tau, lr, seed) in setup.plan() for i in [setup.seeds.index(seed)]}
+    """Results for every run of the plan: accuracies by (tau, lr, batch), one per seed."""
+    out = {}
+    for tau, lr, batch, seed in setup.plan():
+        out[tau, lr, batch, seed] = {"val_acc": accs[tau, round(lr, 4), batch][setup.seeds.index(seed)],
+                                     "train_loss": [2.0], "diverged": (tau, round(lr, 4), batch) in diverged,
+                                     "steps": 100 // (batch // 16)}
+    return out
 
 
 def test_the_verdict_says_what_the_runs_show():
-    setup = staleness.Setup(lr=0.2, taus=(0, 1, 4), seeds=(0, 1, 2))
-    accs = {(0, 0.2): [0.40, 0.42, 0.44], (1, 0.2): [0.41, 0.43, 0.39], (4, 0.2): [0.0, 0.0, 0.0],
-            (4, 0.05): [0.20, 0.22, 0.25]}
-    lines = staleness.verdict(fake(setup, accs, diverged={(4, 0.2)}), setup)
-    assert "42.0%" in lines[0]
+    setup = staleness.Setup(lr=0.2, batch=16, taus=(0, 1, 4), seeds=(0, 1, 2))
+    accs = {(0, 0.2, 16): [0.40, 0.42, 0.44], (1, 0.2, 16): [0.41, 0.43, 0.39], (4, 0.2, 16): [0.0, 0.0, 0.0],
+            (1, 0.1, 16): [0.30, 0.33, 0.36], (4, 0.0347, 16): [0.20, 0.22, 0.25],
+            (0, 0.2, 32): [0.31, 0.35, 0.37], (0, 0.2, 80): [0.26, 0.27, 0.30]}
+    lines = staleness.verdict(fake(setup, accs, diverged={(4, 0.2, 16)}), setup)
+    assert "42.0%" in lines[0] and "100 steps" in lines[0]
     assert "within tau = 0's range" in lines[1]
     assert "diverged on every seed" in lines[2]
-    assert "below tau = 0's range" in lines[3] and "lr / tau" in lines[3]
-    accs[1, 0.2] = [0.11, 0.10, 0.12]
+    assert "below tau = 0's range" in lines[3] and "(the bound's, 0.5 x)" in lines[3]
+    assert "below tau = 0's range" in lines[4] and "0.17 x" in lines[4]
+    assert lines[5].startswith(" 2 workers") and "batch 32, 50 steps" in lines[5] and "overlap" in lines[5]
+    assert lines[6].startswith(" 5 workers") and "synchronous above asynchronous on every seed" in lines[6]
+    accs[0, 0.2, 80] = [0.10, 0.11, 0.12]
+    accs[4, 0.0347, 16] = [0.10, 0.10, 0.13]
+    assert "neither left chance" in staleness.verdict(fake(setup, accs), setup)[6]
+    accs[4, 0.0347, 16] = [0.30, 0.31, 0.32]
+    assert "asynchronous above synchronous on every seed" in staleness.verdict(fake(setup, accs), setup)[6]
+    accs[1, 0.2, 16] = [0.11, 0.10, 0.12]
     assert "did not train" in staleness.verdict(fake(setup, accs), setup)[1]
     assert "diverged on 3 of 3" not in staleness.verdict(fake(setup, accs), setup)[1]
-    accs[1, 0.2] = [0.0, 0.11, 0.0]
+    accs[1, 0.2, 16] = [0.0, 0.11, 0.0]
     runs = fake(setup, accs)
-    runs[1, 0.2, 0]["diverged"] = runs[1, 0.2, 2]["diverged"] = True
+    runs[1, 0.2, 16, 0]["diverged"] = runs[1, 0.2, 16, 2]["diverged"] = True
     assert "did not train (at most 11%, chance is 10%, diverged on 2 of 3 seeds)" in staleness.verdict(runs, setup)[1]
-    assert "3 seeds" not in staleness.table(fake(setup, accs)) and "0 of 3" in staleness.table(fake(setup, accs))
+    text = staleness.table(fake(setup, accs), 16)
+    assert "3 seeds" not in text and "0 of 3" in text
+    assert "1 worker " in text and "async, 5 workers" in text and "sync, 5 workers" in text
 
 
 def test_the_expected_slowest_of_n_draws():

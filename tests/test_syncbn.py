@@ -42,6 +42,17 @@ def test_convert_replaces_every_batch_norm_at_any_depth_and_keeps_its_state():
     assert all(m.training for m in converted.modules())
 
 
+def test_convert_keeps_eps_momentum_mode_and_frozen_parameters():
+    net = nn.Sequential(nn.BatchNorm2d(4, eps=1e-3, momentum=0.01), nn.Sequential(nn.BatchNorm1d(4)), nn.BatchNorm3d(4))
+    net[1][0].eval()
+    for p in net[2].parameters():
+        p.requires_grad_(False)
+    old = [m for m in net.modules() if isinstance(m, syncbn.PLAIN_BATCH_NORMS)]
+    new = [m for m in syncbn.convert(copy.deepcopy(net)).modules() if isinstance(m, syncbn.SyncBatchNorm)]
+    assert [(m.eps, m.momentum, m.training) for m in new] == [(m.eps, m.momentum, m.training) for m in old]
+    assert [[p.requires_grad for p in m.parameters()] for m in new] == [[True, True], [True, True], [False, False]]
+
+
 def test_sync_batch_norm_is_a_plain_batch_norm_on_one_worker():
     """Outside a Horovod job (or with one worker) it normalises like nn.BatchNorm2d, running statistics included."""
     torch.manual_seed(0)

@@ -25,7 +25,8 @@ from the ones above it in this list (docs/architecture.md; tests/test_imports.py
                        (naive data parallelism), ``ring``, ``scaling_model`` (its tables in
                        ``scaling_model_data``)
 ``labs.lab3``          Lab 3 (Horovod): ``record_checks`` (facts of a correct run), ``syncbn``
-                       (BatchNorm over the global batch, plain against synchronised)
+                       (BatchNorm over the global batch, plain against synchronised),
+                       ``backward_passes`` (accumulation with one all-reduce per step)
 ``labs.lab4``          Lab 4 (beyond a box): ``links`` (an emulated network link),
                        ``multinode``, ``elastic`` (a worker killed mid-epoch), ``costs``,
                        ``parallelism`` (a 2-stage pipeline against data parallelism)

@@ -119,6 +119,21 @@ def noise_scale_from_batches(sq_norm_small: float, sq_norm_big: float, b_small: 
     return {"g2": float(g2), "trace": float(trace), "b_simple": float(b_simple)}
 
 
+def step_saving(b_noise: float, base_batch: float, batch: float) -> float:
+    """How many times fewer steps ``batch`` needs than ``base_batch`` to reach the same loss, in
+    McCandlish et al.'s model (from their trade-off ``(S / S_min - 1)(E / E_min - 1) = 1``): a batch
+    ``B`` needs ``S_min (1 + B_noise / B)`` steps,
+    so the saving is ``(1 + B_noise / base_batch) / (1 + B_noise / batch)``. It approaches
+    ``batch / base_batch`` (perfect scaling) while both batches are far below ``B_noise``, and never
+    exceeds ``1 + B_noise / base_batch``, however large the batch. An infinite ``B_noise`` (noise
+    dominates every batch) is perfect scaling."""
+    if b_noise < 0 or base_batch <= 0 or batch <= 0:
+        raise ValueError(f"need b_noise >= 0 and positive batches, got {b_noise}, {base_batch}, {batch}")
+    if np.isinf(b_noise):
+        return batch / base_batch
+    return (1 + b_noise / base_batch) / (1 + b_noise / batch)
+
+
 def _flat_grad(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.grad.detach().reshape(-1) for p in model.parameters() if p.grad is not None])
 

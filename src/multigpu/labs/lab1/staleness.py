@@ -7,9 +7,17 @@ it applies was computed on weights several updates old: with ``N`` workers takin
 ``tau + 1`` versions of the weights, and the gradient of step ``t`` is taken at ``w_{t - tau}``
 (at ``w_0`` for the first ``tau`` steps, where every worker starts) and applied to ``w_t``.
 
+The simulation is exact for a fixed round-robin delay (every gradient exactly ``tau`` steps old,
+the ``N`` workers taking strict turns), not for the random delays of a real parameter server, where
+a slow worker's gradient can arrive many steps late.
+
 On a quadratic with curvature ``h`` this is the delayed recurrence ``x_{t+1} = x_t - lr h x_{t-tau}``,
-stable exactly when ``lr h < 2 sin(pi / (2 (2 tau + 1)))`` (:func:`stable_rate`): the largest
-stable rate falls about as ``1 / tau``. :func:`run_all` measures what that does to a network.
+stable exactly when ``lr h < 2 sin(pi / (2 (2 tau + 1)))`` (:func:`stable_rate`): against fresh
+gradients the largest stable rate falls to ``sin(pi / (4 tau + 2))`` (0.5, 0.17 and 0.048 at
+``tau`` = 1, 4, 16; about ``pi / (4 tau)`` for large ``tau``). :func:`run_all` measures what that
+does to a network: each staleness at the rate fresh gradients train well with, at the rate the
+bound allows, and against it the synchronous alternative with the same ``tau + 1`` workers, one
+step of a ``(tau + 1)``-times larger batch (that many fewer steps in the same epochs).
 
 Synchronous SGD (all-reduce, Horovod) has no stale gradients, but each step waits for the
 slowest of its ``N`` workers. :func:`step_times` measures one worker's step times on this machine
@@ -36,8 +44,9 @@ from multigpu.labs.lab1.scaling_rule import SmallConvNet
 
 #: A loss: (outputs, targets) -> a scalar tensor, the mean over the batch.
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-#: One run's key: (staleness tau, learning rate, seed).
-Key = tuple[int, float, int]
+#: One run's key: (staleness tau, learning rate, batch size, seed). The synchronous run of ``N``
+#: workers is ``tau = 0`` at ``N`` times the batch.
+Key = tuple[int, float, int, int]
 
 
 def stable_rate(tau: int, curvature: float = 1.0) -> float:
@@ -103,10 +112,16 @@ def accuracy(model: nn.Module, dataset: TensorDataset, chunk: int = 500) -> floa
     return right / len(labels)
 
 
+def bound_rate(lr: float, tau: int) -> float:
+    """The rate the quadratic's bound allows at staleness ``tau``, given that ``lr`` suits fresh
+    gradients: ``lr x stable_rate(tau) / stable_rate(0)``."""
+    return lr * stable_rate(tau) / stable_rate(0)
+
+
 @dataclass(frozen=True)
 class Setup:
     """Part 6's knobs: the batch and the rate that trains best without staleness, the stalenesses
-    tried at that rate, the same epochs for every run, the seeds, the network's width."""
+    tried, the same epochs for every run, the seeds, the network's width."""
 
     batch: int = 16
     lr: float = 0.2
@@ -117,57 +132,74 @@ class Setup:
     width: int = 16
 
     def plan(self) -> list[Key]:
-        """Every run, seed by seed: each tau at ``lr``, then each tau > 1 at ``lr / tau``."""
+        """Every run, seed by seed: tau = 0; each tau > 0 at ``lr`` and at :func:`bound_rate`; and
+        for each tau > 0 the synchronous run of ``tau + 1`` workers (batch ``(tau + 1) x batch``, ``lr``)."""
         keys: list[Key] = []
         for seed in self.seeds:
-            keys += [(tau, self.lr, seed) for tau in self.taus]
-            keys += [(tau, self.lr / tau, seed) for tau in self.taus if tau > 1]
+            keys.append((0, self.lr, self.batch, seed))
+            keys += [(tau, self.lr, self.batch, seed) for tau in self.taus if tau > 0]
+            keys += [(tau, bound_rate(self.lr, tau), self.batch, seed) for tau in self.taus if tau > 0]
+            keys += [(0, self.lr, (tau + 1) * self.batch, seed) for tau in self.taus if tau > 0]
         return keys
 
 
 def run_all(train_set: TensorDataset, val_set: TensorDataset, setup: Setup,
             progress: bool = True) -> dict[Key, dict[str, Any]]:
-    """Train a fresh :class:`SmallConvNet` (weights from the seed) for every run of ``setup.plan()``;
-    each result is :func:`train_stale`'s history plus ``val_acc``."""
+    """Train a fresh :class:`SmallConvNet` (weights from the seed, the same for every run of a seed)
+    for every run of ``setup.plan()``; each result is :func:`train_stale`'s history plus ``val_acc``."""
     results: dict[Key, dict[str, Any]] = {}
     keys = setup.plan()
-    for tau, lr, seed in show_progress(keys, desc="stale runs") if progress else keys:
+    for tau, lr, batch, seed in show_progress(keys, desc="stale and synchronous runs") if progress else keys:
         torch.manual_seed(seed)
         model = SmallConvNet(setup.side, setup.width, num_classes=int(train_set.tensors[1].max()) + 1)
-        history = train_stale(model, train_set, lr=lr, tau=tau, batch_size=setup.batch, epochs=setup.epochs, seed=seed)
+        history = train_stale(model, train_set, lr=lr, tau=tau, batch_size=batch, epochs=setup.epochs, seed=seed)
         history["val_acc"] = 0.0 if history["diverged"] else accuracy(model, val_set)
-        results[tau, lr, seed] = history
+        results[tau, lr, batch, seed] = history
     return results
 
 
 def summary(results: dict[Key, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (tau, lr) over the seeds: accuracy mean/min/max, the last epoch's training loss
-    (mean), how many seeds diverged."""
+    """One row per (tau, lr, batch) over the seeds: accuracy mean/min/max, the last epoch's training
+    loss (mean), how many seeds diverged, the steps of one run."""
     rows = []
-    for tau, lr in sorted({(t, r) for t, r, _ in results}, key=lambda k: (-k[1], k[0])):
-        runs = [h for (t, r, _), h in results.items() if (t, r) == (tau, lr)]
+    for tau, lr, batch in sorted({k[:3] for k in results}, key=lambda k: (k[2], -k[1], k[0])):
+        runs = [h for k, h in results.items() if k[:3] == (tau, lr, batch)]
         accs = [h["val_acc"] for h in runs]
         losses = [h["train_loss"][-1] for h in runs if not h["diverged"]]
-        rows.append({"tau": tau, "lr": lr, "acc_mean": float(np.mean(accs)), "acc_min": min(accs), "acc_max": max(accs),
-                     "loss": float(np.mean(losses)) if losses else float("nan"),
-                     "diverged": sum(h["diverged"] for h in runs), "seeds": len(runs)})
+        rows.append({"tau": tau, "lr": lr, "batch": batch, "acc_mean": float(np.mean(accs)), "acc_min": min(accs),
+                     "acc_max": max(accs), "loss": float(np.mean(losses)) if losses else float("nan"),
+                     "diverged": sum(h["diverged"] for h in runs), "seeds": len(runs), "steps": runs[0]["steps"],
+                     "accs": accs})
     return rows
 
 
-def table(results: dict[Key, dict[str, Any]]) -> str:
-    """The summary as text: one line per staleness and rate."""
-    lines = [f"{'tau':>4} {'lr':>8} {'validation accuracy, mean (min-max)':>36} {'train loss':>10}  diverged"]
+def describe(row: dict[str, Any], batch: int) -> str:
+    """What a row of :func:`summary` is: one worker, asynchronous workers, or synchronous workers."""
+    if row["tau"]:
+        return f"async, {row['tau'] + 1} workers"
+    return "1 worker" if row["batch"] == batch else f"sync, {row['batch'] // batch} workers"
+
+
+def table(results: dict[Key, dict[str, Any]], batch: int) -> str:
+    """The summary as text: one line per run kind (``batch``: one worker's batch)."""
+    lines = [f"{'run':<17}{'tau':>4}{'batch':>6}{'lr':>9}{'steps':>7} {'validation accuracy, mean (min-max)':>36}"
+             f"{'train loss':>11}  diverged"]
     for r in summary(results):
         loss = "-" if math.isnan(r["loss"]) else f"{r['loss']:.3f}"
-        lines.append(f"{r['tau']:>4} {r['lr']:>8.4g} {100 * r['acc_mean']:>19.1f}% ({100 * r['acc_min']:.1f}-"
-                     f"{100 * r['acc_max']:.1f}%)     {loss:>10}  {r['diverged']} of {r['seeds']}")
+        lines.append(f"{describe(r, batch):<17}{r['tau']:>4}{r['batch']:>6}{r['lr']:>9.3g}{r['steps']:>7} "
+                     f"{100 * r['acc_mean']:>19.1f}% ({100 * r['acc_min']:.1f}-{100 * r['acc_max']:.1f}%)    "
+                     f"{loss:>11}  {r['diverged']} of {r['seeds']}")
     return "\n".join(lines)
+
+
+def _trained(row: dict[str, Any], chance: float) -> bool:
+    return row["diverged"] < row["seeds"] and row["acc_max"] >= 1.5 * chance
 
 
 def _status(row: dict[str, Any], base: dict[str, Any], chance: float) -> str:
     if row["diverged"] == row["seeds"]:
         return "diverged on every seed"
-    if row["acc_max"] < 1.5 * chance:
+    if not _trained(row, chance):
         diverged = f", diverged on {row['diverged']} of {row['seeds']} seeds" if row["diverged"] else ""
         return f"did not train (at most {100 * row['acc_max']:.0f}%, chance is {100 * chance:.0f}%{diverged})"
     if row["diverged"]:
@@ -177,20 +209,37 @@ def _status(row: dict[str, Any], base: dict[str, Any], chance: float) -> str:
     return f"within tau = 0's range ({100 * row['acc_mean']:.1f}% against {100 * base['acc_mean']:.1f}%)"
 
 
+def _against(sync: dict[str, Any], stale: dict[str, Any], chance: float) -> str:
+    """Synchronous against asynchronous with the same workers: ranges over the seeds, or both at chance."""
+    if not (_trained(sync, chance) or _trained(stale, chance)):
+        return "neither left chance in these epochs"
+    if sync["acc_min"] > stale["acc_max"]:
+        return "synchronous above asynchronous on every seed"
+    if stale["acc_min"] > sync["acc_max"]:
+        return "asynchronous above synchronous on every seed"
+    return "the ranges over the seeds overlap"
+
+
 def verdict(results: dict[Key, dict[str, Any]], setup: Setup, classes: int = 10) -> list[str]:
-    """Sentences computed from the runs: each staleness at the rate that works without it, then each
-    at ``lr / tau``, against tau = 0 at ``lr`` (what the smaller rate costs)."""
-    rows = {(r["tau"], r["lr"]): r for r in summary(results)}
-    base = rows[0, setup.lr]
+    """Sentences computed from the runs: each staleness at the rate that works without it, then at
+    the bound's rate, against tau = 0; then, for the same workers, synchronous against asynchronous."""
+    rows = {(r["tau"], r["lr"], r["batch"]): r for r in summary(results)}
+    base = rows[0, setup.lr, setup.batch]
     chance = 1 / classes
-    lines = [f"without staleness (tau = 0) at lr {setup.lr:g}: {100 * base['acc_mean']:.1f}% "
-             f"({100 * base['acc_min']:.1f}-{100 * base['acc_max']:.1f}%) after {setup.epochs} epoch(s)"]
-    for tau in setup.taus:
-        if tau > 0:
-            lines.append(f"tau = {tau:>2} at lr {setup.lr:g}: " + _status(rows[tau, setup.lr], base, chance))
-    for tau in setup.taus:
-        if tau > 1:
-            lines.append(f"tau = {tau:>2} at lr {setup.lr / tau:.4g} (lr / tau): " + _status(rows[tau, setup.lr / tau], base, chance))
+    lines = [f"one worker, fresh gradients (tau = 0) at lr {setup.lr:g}: {100 * base['acc_mean']:.1f}% "
+             f"({100 * base['acc_min']:.1f}-{100 * base['acc_max']:.1f}%) after {setup.epochs} epoch(s), {base['steps']} steps"]
+    taus = [tau for tau in setup.taus if tau > 0]
+    for tau in taus:
+        lines.append(f"tau = {tau:>2} at lr {setup.lr:g} (fresh gradients' rate): " + _status(rows[tau, setup.lr, setup.batch], base, chance))
+    for tau in taus:
+        lr = bound_rate(setup.lr, tau)
+        lines.append(f"tau = {tau:>2} at lr {lr:.3g} (the bound's, {lr / setup.lr:.2g} x): "
+                     + _status(rows[tau, lr, setup.batch], base, chance))
+    for tau in taus:
+        stale, sync = rows[tau, bound_rate(setup.lr, tau), setup.batch], rows[0, setup.lr, (tau + 1) * setup.batch]
+        lines.append(f"{tau + 1:>2} workers, the same epochs: synchronous (batch {sync['batch']}, {sync['steps']} steps) "
+                     f"{100 * sync['acc_mean']:.1f}%, asynchronous (tau = {tau}, bound's rate, {stale['steps']} steps) "
+                     f"{100 * stale['acc_mean']:.1f}%: " + _against(sync, stale, chance))
     return lines
 
 

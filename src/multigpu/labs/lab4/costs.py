@@ -1,9 +1,11 @@
 """Lab 4: what a training run costs on 1..N GPUs, on demand and on spot instances.
 
 Time to train on ``n`` GPUs is one GPU's time over ``n x efficiency(n)``; the bill is GPU-hours
-times the price. Spot instances are cheaper but can be taken away: with interruptions arriving
-at random (a Poisson process of ``rate`` per hour), a job of ``T`` hours that restarts from zero
-after each one takes ``(exp(rate T) - 1) / rate`` hours on average; one that saves its state every
+times the price. Spot instances are cheaper but can be taken away, each on its own: with
+interruptions arriving at random (a Poisson process of ``r`` per hour per instance), a job on ``m``
+instances stops whenever any one of them goes, at ``rate = m r`` per hour (:func:`job_rate`). A job
+of ``T`` hours that restarts from zero after each interruption takes ``(exp(rate T) - 1) / rate``
+hours on average; one that saves its state every
 ``tau`` hours (a checkpoint costing ``c``, a restart costing ``r``) pays that only per segment:
 ``T / tau x exp(rate r) (exp(rate (tau + c)) - 1) / rate`` (the classical result for restarts
 from checkpoints: Daly, "A higher order estimate of the optimum checkpoint interval for
@@ -42,6 +44,19 @@ V100_SPOT_RANGE_2017 = (PRICES_2017["V100, on demand (1-GPU server, $3/h)"] * 0.
                         PRICES_2017["V100, on demand (1-GPU server, $3/h)"])
 
 
+def instances(gpus: int, gpus_per_instance: int) -> int:
+    """How many instances (servers) a job on ``gpus`` GPUs runs on, ``gpus_per_instance`` each at most."""
+    if gpus < 1 or gpus_per_instance < 1:
+        raise ValueError(f"need gpus >= 1 and gpus_per_instance >= 1, got {gpus}, {gpus_per_instance}")
+    return math.ceil(gpus / gpus_per_instance)
+
+
+def job_rate(interruptions_per_instance_hour: float, gpus: int, gpus_per_instance: int) -> float:
+    """Interruptions per hour of a whole job on ``gpus`` GPUs: losing any one of its instances stops
+    it, so the instances' rates add up (independent Poisson processes)."""
+    return interruptions_per_instance_hour * instances(gpus, gpus_per_instance)
+
+
 def hours_to_train(one_gpu_hours: float, n: int, efficiency: float) -> float:
     """Wall-clock hours on ``n`` GPUs for a job of ``one_gpu_hours`` on one GPU, at ``efficiency``
     (measured or modelled; 1.0 = perfect scaling)."""
@@ -53,7 +68,7 @@ def hours_to_train(one_gpu_hours: float, n: int, efficiency: float) -> float:
 def expected_hours_with_interruptions(hours: float, rate_per_hour: float, *, checkpoint_every: float | None = None,
                                       checkpoint_cost: float = 0.0, restart_cost: float = 0.0) -> float:
     """Expected wall-clock hours of a job of ``hours`` when interruptions come at ``rate_per_hour``
-    (Poisson). Without checkpoints every interruption starts the job again; with
+    (Poisson; the whole job's rate, :func:`job_rate`). Without checkpoints every interruption starts the job again; with
     ``checkpoint_every=tau`` only the segment since the last checkpoint is lost (each checkpoint
     costs ``checkpoint_cost`` hours, each restart ``restart_cost``). ``rate_per_hour=0``: no
     interruption, the checkpoints still cost their time."""
@@ -68,7 +83,13 @@ def expected_hours_with_interruptions(hours: float, rate_per_hour: float, *, che
     if rate_per_hour == 0:
         return segments * (tau + c)
     lam = rate_per_hour
+    if lam * (tau + c + restart_cost) > _LARGEST_EXPONENT:  # it never finishes, in practice
+        return math.inf
     return segments * math.exp(lam * restart_cost) * math.expm1(lam * (tau + c)) / lam
+
+
+#: exp() of more overflows a float: an expected time beyond 10^300 hours is infinite here.
+_LARGEST_EXPONENT = 700.0
 
 
 @dataclass(frozen=True)
@@ -87,23 +108,25 @@ class Option:
 
 def options(one_gpu_hours: float, efficiency: Callable[[int], float], gpus: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), *,
             on_demand: float = PRICES_2017["V100, on demand (1-GPU server, $3/h)"],
-            spot: float | None = None, interruptions_per_hour: float = 0.1, checkpoint_every: float | None = None,
-            checkpoint_cost: float = 0.0, restart_cost: float = 0.0) -> list[Option]:
+            spot: float | None = None, interruptions_per_hour: float = 0.1, gpus_per_instance: int = 1,
+            checkpoint_every: float | None = None, checkpoint_cost: float = 0.0, restart_cost: float = 0.0) -> list[Option]:
     """Every way to run the job: each GPU count on demand, and (with a ``spot`` price) on spot,
     restarting from zero or, with ``checkpoint_every``, from the last checkpoint (or commit).
     ``efficiency(n)``: the scaling efficiency at ``n`` GPUs (a measured table's ``.get``, or a
-    model's curve). Spot interruptions are a rate per hour of the whole job (one lost machine
-    interrupts all of them)."""
+    model's curve). ``interruptions_per_hour`` is each spot instance's rate; a job on ``n`` GPUs
+    runs on ``ceil(n / gpus_per_instance)`` instances and is interrupted that many times as often
+    (:func:`job_rate`)."""
     out = []
     for n in gpus:
         hours = hours_to_train(one_gpu_hours, n, efficiency(n))
         out.append(Option(n, on_demand, "on demand", hours, n * on_demand * hours))
         if spot is None:
             continue
-        plain = expected_hours_with_interruptions(hours, interruptions_per_hour)
+        rate = job_rate(interruptions_per_hour, n, gpus_per_instance)
+        plain = expected_hours_with_interruptions(hours, rate)
         out.append(Option(n, spot, "spot, restart from zero", plain, n * spot * plain))
         if checkpoint_every is not None:
-            saved = expected_hours_with_interruptions(hours, interruptions_per_hour, checkpoint_every=checkpoint_every,
+            saved = expected_hours_with_interruptions(hours, rate, checkpoint_every=checkpoint_every,
                                                       checkpoint_cost=checkpoint_cost, restart_cost=restart_cost)
             out.append(Option(n, spot, "spot, from the last checkpoint", saved, n * spot * saved))
     return out
