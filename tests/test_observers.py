@@ -105,6 +105,8 @@ def test_reads_inside_the_sandbox_are_seen_from_outside(tmp_path):
     reader = (f"import os\nfor p in {samples[2:5]!r}: open(p, 'rb').read()\n"
               "open('checkpoints/rank-0-epoch-1.pt', 'wb').close()\n"
               f"open({samples[6]!r}, 'rb').read()\n")
+    for folder in (work, work / "checkpoints"):
+        sb.give_workdir(folder)  # as root the run is an unprivileged account's, as in grading
     argv = sb.command([sys.executable, "-c", reader], workdir=work, readable=[view])
     subprocess.run(argv, check=True, timeout=60, env=sb.environment())
     time.sleep(0.2)
@@ -144,6 +146,7 @@ def test_a_connection_between_two_ranks_in_the_sandbox_is_seen_with_its_ranks(tm
               f"ps = [subprocess.Popen([sys.executable, {str(script)!r}, '29999'], stdout=subprocess.PIPE,\n"
               f"      env={{**os.environ, 'HOROVOD_RANK': str(r)}}) for r in (0, 1)]\n"
               f"[p.stdout.readline() for p in ps]\nprint('both', flush=True)\n[p.wait() for p in ps]\n")
+    sb.give_workdir(tmp_path)
     argv = sb.command([sys.executable, "-c", runner], workdir=tmp_path, readable=[tmp_path])
     job = subprocess.Popen(argv, stdout=subprocess.PIPE, env=sb.environment(), start_new_session=True)
     try:

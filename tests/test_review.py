@@ -227,7 +227,7 @@ def test_review_command_lists_shows_and_decides(tmp_path):
     listed = cli()
     assert listed.returncode == 0 and "alice" in listed.stdout and "AWAITS A DECISION" in listed.stdout, listed
     shown = cli("alice")
-    assert "line    7 [timeline]" in shown.stdout and "HOROVOD_TIMELINE" in shown.stdout, shown.stdout
+    assert "line 7 [timeline]" in shown.stdout and "HOROVOD_TIMELINE" in shown.stdout, shown.stdout
     decided = cli("alice", "--reject", "writes the timeline itself")
     assert decided.returncode == 0 and "REJECTED" in decided.stdout, decided
     assert "rejected" in cli().stdout
