@@ -11,6 +11,8 @@ set -euo pipefail
 
 CHP_VERSION=5.3.0
 JUPYTERHUB_VERSION=5.3.0
+# stops servers nobody used for an hour (hubconfig.culler_service)
+IDLE_CULLER_VERSION=2.0.0
 # nbgrader's exchange behind the hub's login, as on Kubernetes (deploy/kubernetes/ngshare.yaml):
 # installed here so `make test-hub` runs it against a real hub (tests/test_workshop_k8s.py).
 # ngshare gets its own environment with SQLAlchemy 1.4: it adds rows the SQLAlchemy 1 way, which
@@ -52,13 +54,13 @@ if [ ! -x "$prefix/bin/python" ]; then
   "$python" -m venv "$prefix"
 fi
 # what the environment was built from: a changed pin or Horovod patch rebuilds it
-want="course=$course jupyterhub=$JUPYTERHUB_VERSION pyproject=$(sha256sum "$course/pyproject.toml" | cut -c1-12) \
+want="course=$course jupyterhub=$JUPYTERHUB_VERSION idle-culler=$IDLE_CULLER_VERSION pyproject=$(sha256sum "$course/pyproject.toml" | cut -c1-12) \
 horovod-patch=$(sha256sum "$course"/tools/horovod-*.patch | cut -c1-12)"
 if [ "$(cat "$prefix/.hub-ready" 2>/dev/null)" != "$want" ]; then
   say "installing torch, the course ($course) and JupyterHub $JUPYTERHUB_VERSION into $prefix (minutes)"
   pip "torch==$(sed -n 's/^ *"torch==\([^"]*\)".*/\1/p' "$course/pyproject.toml")"
   pip -e "$course"
-  pip "jupyterhub==$JUPYTERHUB_VERSION"
+  pip "jupyterhub==$JUPYTERHUB_VERSION" "jupyterhub-idle-culler==$IDLE_CULLER_VERSION"
   "$course/tools/install_horovod.sh" "$prefix/bin/python"
   echo "$want" > "$prefix/.hub-ready"
 fi

@@ -163,8 +163,10 @@ def record_scores(hub: Hub, job: Job, scores: dict[str, dict[str, float]]) -> di
     """The scores into the instructor's gradebook, replacing an earlier submission's."""
     from nbgrader.api import Gradebook, MissingEntry
 
+    from multigpu.workshop import accounts
+
     with Gradebook(hub.db_url) as gb:
-        gb.update_or_create_student(job.student)
+        gb.update_or_create_student(job.student, **accounts.gradebook_names(job.student))
         try:
             gb.find_assignment(job.assignment)
         except MissingEntry:
