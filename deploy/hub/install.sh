@@ -25,10 +25,12 @@ course=$(cd "$(dirname "$0")/../.." && pwd)
 prefix=${MULTIGPU_HUB_PREFIX:-/opt/multigpu-hub}
 python=${MULTIGPU_HUB_PYTHON:-/usr/bin/python3.11}
 
-say() { printf '[hub-deps] %s\n' "$*"; }
+started=$(date +%s)
+# each line says the seconds since the start (CI's log shows where the minutes go)
+say() { printf '[hub-deps %4ss] %s\n' "$(( $(date +%s) - started ))" "$*"; }
 fail() { printf '[hub-deps] ERROR: %s\n' "$*" >&2; exit 1; }
 
-[ "$(id -u)" = 0 ] || fail "run as root (it installs system packages and creates $prefix): sudo make hub-deps"
+[ "$(id -u)" = 0 ] || fail "run as root (it installs system packages and creates $prefix): make hub-deps as root"
 
 apt_install() {
   say "apt-get install $*"
@@ -58,9 +60,11 @@ want="course=$course jupyterhub=$JUPYTERHUB_VERSION idle-culler=$IDLE_CULLER_VER
 horovod-patch=$(sha256sum "$course"/tools/horovod-*.patch | cut -c1-12)"
 if [ "$(cat "$prefix/.hub-ready" 2>/dev/null)" != "$want" ]; then
   say "installing torch, the course ($course) and JupyterHub $JUPYTERHUB_VERSION into $prefix (minutes)"
+  # torch first, from its pin (the course's dependencies would otherwise resolve another build)
   pip "torch==$(sed -n 's/^ *"torch==\([^"]*\)".*/\1/p' "$course/pyproject.toml")"
-  pip -e "$course"
-  pip "jupyterhub==$JUPYTERHUB_VERSION" "jupyterhub-idle-culler==$IDLE_CULLER_VERSION"
+  say "torch installed; the course and JupyterHub"
+  pip -e "$course" "jupyterhub==$JUPYTERHUB_VERSION" "jupyterhub-idle-culler==$IDLE_CULLER_VERSION"
+  say "Horovod (the wheel cached by make setup when it was built for the same torch and patch)"
   "$course/tools/install_horovod.sh" "$prefix/bin/python"
   echo "$want" > "$prefix/.hub-ready"
 fi

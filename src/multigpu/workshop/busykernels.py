@@ -14,8 +14,10 @@ Enabled for the hub's servers only (``hubconfig.server_env``: ``--ServerApp.jpse
 from __future__ import annotations
 
 import datetime as dt
+import os
 from typing import Any
 
+#: Seconds between looks at the kernels (``MULTIGPU_BUSY_INTERVAL``; well under the culler's timeout).
 INTERVAL_S = 10
 SETTING = "multigpu_busy_kernels_last_activity"
 
@@ -44,7 +46,8 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         if busy(serverapp.kernel_manager):
             settings[SETTING] = dt.datetime.now(dt.timezone.utc)
 
-    callback = PeriodicCallback(tick, INTERVAL_S * 1000)
+    interval = float(os.environ.get("MULTIGPU_BUSY_INTERVAL") or INTERVAL_S)
+    callback = PeriodicCallback(tick, interval * 1000)
     callback.start()
     settings["multigpu_busy_kernels_callback"] = callback  # kept alive with the app
-    serverapp.log.info("multigpu: a busy kernel counts as activity (checked every %s s)", INTERVAL_S)
+    serverapp.log.info("multigpu: a busy kernel counts as activity (checked every %g s)", interval)

@@ -82,6 +82,7 @@ def server_env(hub: Hub, instructor: bool) -> dict[str, str]:
         "PATH": os.pathsep.join([bindir, "/usr/local/bin", "/usr/bin", "/bin"]),
         "MULTIGPU_HUB_ROOT": str(hub.root),
         "JUPYTERHUB_ACTIVITY_INTERVAL": str(env_int("MULTIGPU_ACTIVITY_INTERVAL", ACTIVITY_INTERVAL_S)),
+        **{k: v for k, v in os.environ.items() if k == "MULTIGPU_BUSY_INTERVAL"},
     }
 
 

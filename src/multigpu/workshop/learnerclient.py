@@ -27,7 +27,7 @@ class LearnerError(RuntimeError):
 @dataclass
 class Execution:
     seconds: float
-    status: str  # "ok" or "error"
+    status: str  # "ok", "error" or "died" (the kernel was killed or restarted while it ran)
     output: str
     error: str = ""
 
@@ -142,9 +142,12 @@ class Learner:
                 if time.monotonic() - start > timeout:
                     raise LearnerError(f"{self.name}: the cell did not finish within {timeout:.0f} s")
                 msg = json.loads(ws.recv())
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "status" and content["execution_state"] in ("restarting", "dead"):
+                    return Execution(round(time.monotonic() - start, 2), "died", "".join(out),
+                                     f"the kernel died ({content['execution_state']})")
                 if msg.get("parent_header", {}).get("msg_id") != msg_id:
                     continue
-                kind, content = msg["msg_type"], msg["content"]
                 if kind == "stream":
                     out.append(content["text"])
                 elif kind == "error":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -104,7 +105,7 @@ def markdown(r: dict[str, Any]) -> str:
     """The report as a Markdown table (docs/workshop.md quotes it)."""
     g, alone, ev = r["graded_once"], r["alone"], r["events"]
     rows = [
-        ("learners, logins spread over", f"{r['learners']}, {r['within_s']:g} s (spawn limit {r['settings']['spawn_limit']})"),
+        ("learners, logins spread over", f"{r['learners']}, {r['within_s']} s (spawn limit {r['settings']['spawn_limit']})"),
         ("login to JupyterLab ready: median / p95 / max", fmt(r["login_to_ready_s"])),
         ("failed spawns; waited in the spawn queue", f"{r['failed_spawns']}; {r['waited_in_spawn_queue']}"),
         ("one learner alone: login to ready; Lab 0 check", f"{alone['ready_s']} s; {alone['cell_s']} s"),
@@ -119,50 +120,76 @@ def markdown(r: dict[str, Any]) -> str:
         ("every submission graded exactly once, feedback home", "yes" if g["ok"] else "NO: " + "; ".join(g["problems"][:5])),
     ]
     head = (f"# Room load test ({r['date']}, commit {r['commit']})\n\n{r['machine']}; load average before "
-            f"{r['load_before']}, after {r['load_after']}; command: `{r['command']}`\n\n")
+            f"{r['load_before']}, after {r['load_after']}; command: `{r['command']}`\n\n"
+            + ("" if r["complete"] else f"**Incomplete** ({r.get('stopped', 'stopped')}): the figures below are what "
+               "was measured before it stopped.\n\n"))
     return head + "| what | measured |\n|---|---|\n" + "".join(f"| {a} | {b} |\n" for a, b in rows)
 
 
 def main(learners: int, within: float, restart_hub: bool, report: Path, tag: str | None = None) -> int:
     """``multigpu workshop load``: the whole test (see ``roomload``); 0 when every submission was
-    graded exactly once and no spawn failed."""
+    graded exactly once and no spawn failed. A run stopped part way (Ctrl-C, SIGTERM, a queue that
+    does not drain) still writes what it measured, marked incomplete."""
     from multigpu.core import layout as course_layout
-    from multigpu.workshop import hubconfig, preflight, scratch, spawnqueue
+    from multigpu.workshop import scratch
 
+    # a stop (SIGTERM, a timeout) still removes the scratch hub's accounts, servers and proxy
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     repo = course_layout.course_root()
     cells, answers = roomload.check_cells(repo), roomload.solution_answers(repo)
     tag = tag or f"mgl{os.getpid() % 100000}"
     names = [f"{tag}{i:02d}" for i in range(1, learners + 1)]
-    info: dict[str, Any] = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                     text=True).stdout.strip(),
-            "machine": f"{os.cpu_count()} cores, {preflight.memory_gb():.1f} GB", "load_before": roomload.load_average(),
-            "command": " ".join(["multigpu workshop load", *sys.argv[3:]]) if sys.argv[1:3] == ["workshop", "load"]
-            else f"multigpu workshop load --learners {learners}"}
-    with scratch.scratch_hub(tag, [*names, f"{tag}solo"]) as hub:
-        learner_cores, grading_cores = hubconfig.cores()
-        info["settings"] = {"spawn_limit": int(hub.env.get("MULTIGPU_SPAWN_LIMIT") or os.environ.get("MULTIGPU_SPAWN_LIMIT")
-                                               or spawnqueue.default_limit(len(set(learner_cores) | set(grading_cores)))),
-                            "learner_cores": learner_cores, "grading_cores": grading_cores}
-        hub.release(roomload.ASSIGNMENT)
-        room = roomload.Room(hub, repo, within, restart_hub, runs={n: roomload.LearnerRun(n) for n in names})
-        alone = room.alone(f"{tag}solo", cells)
-        used_before = memory.system_used_gb()
-        room.storm(cells, answers)
-        info["system"] = {"used_gb_before": used_before, "used_gb_idle": room.events.pop("used_gb_idle", None)}
-        submitted = sum(len(r.submitted) for r in room.runs.values())
-        drains = {"wave1_s": room.drain(submitted, GRADING_BOUND_S * max(1, submitted) + 600)}
-        room.wave2()
-        total = sum(len(r.submitted) for r in room.runs.values())
-        room.drain(total, GRADING_BOUND_S * max(1, total - submitted) + 600)
-        wave2 = round(time.time() - room.events["wave2_at"], 2)
-        drains.update(wave2_s=wave2, wave2_per_job_s=round(wave2 / max(1, total - submitted), 1))
-        out = {**info, **roomload.summary(room, alone, drains), "load_after": roomload.load_average()}
-        out["graded_once"] = graded_once(hub, room.runs, room.events.get("restart", {}).get("during_job"))
-        home = feedback_home(room)
-        out["graded_once"]["problems"] += home
-        out["graded_once"]["ok"] = out["graded_once"]["ok"] and not home
-    roomload.write_report(out, report)
+    out = describe(repo, learners)
+    drains: dict[str, Any] = {"wave1_s": None, "wave2_s": None, "wave2_per_job_s": None}
+    alone: dict[str, Any] = {"ready_s": None, "cell_s": None, "idle_mb": None}
+    room = None
+    try:
+        with scratch.scratch_hub(tag, [*names, f"{tag}solo"]) as hub:
+            hub.release(roomload.ASSIGNMENT)
+            room = roomload.Room(hub, repo, within, restart_hub, runs={n: roomload.LearnerRun(n) for n in names})
+            alone = room.alone(f"{tag}solo", cells)
+            out["system"]["used_gb_before"] = memory.system_used_gb()
+            room.storm(cells, answers)
+            out["system"]["used_gb_idle"] = room.events.pop("used_gb_idle", None)
+            submitted = sum(len(r.submitted) for r in room.runs.values())
+            drains["wave1_s"] = room.drain(submitted, GRADING_BOUND_S * max(1, submitted) + 600)
+            room.wave2()
+            total = sum(len(r.submitted) for r in room.runs.values())
+            room.drain(total, GRADING_BOUND_S * max(1, total - submitted) + 600)
+            drains["wave2_s"] = round(time.time() - room.events["wave2_at"], 2)
+            drains["wave2_per_job_s"] = round(drains["wave2_s"] / max(1, total - submitted), 1)
+            out["graded_once"] = graded_once(hub, room.runs, room.events.get("restart", {}).get("during_job"))
+            home = feedback_home(room)
+            out["graded_once"].update(problems=out["graded_once"]["problems"] + home, ok=out["graded_once"]["ok"] and not home)
+            out["complete"] = True
+    except (LearnerError, RuntimeError, KeyboardInterrupt, SystemExit) as e:
+        out["stopped"] = f"{type(e).__name__}: {e}"
+    finally:
+        if room is not None:
+            out.update(roomload.summary(room, alone, drains))
+        out["load_after"] = roomload.load_average()
+        roomload.write_report(out, report)
     print(markdown(out))
     print(f"report: {report.with_suffix('.md')} and {report.with_suffix('.json')}")
-    return 0 if out["graded_once"]["ok"] and not out["failed_spawns"] else 1
+    return 0 if out["complete"] and out["graded_once"]["ok"] and not out["failed_spawns"] else 1
+
+
+def describe(repo: Path, learners: int) -> dict[str, Any]:
+    """The run's circumstances, and its verdict until it has one."""
+    from multigpu.workshop import hubconfig, preflight, spawnqueue
+
+    learner_cores, grading_cores = hubconfig.cores()
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    limit = os.environ.get("MULTIGPU_SPAWN_LIMIT") or spawnqueue.default_limit(len(set(learner_cores) | set(grading_cores)))
+    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit.stdout.strip(),
+            "machine": f"{os.cpu_count()} cores, {preflight.memory_gb():.1f} GB", "load_before": roomload.load_average(),
+            "command": f"multigpu workshop load --learners {learners}" + (" (env MULTIGPU_SPAWN_LIMIT=" + str(limit) + ")"
+                                                                        if os.environ.get("MULTIGPU_SPAWN_LIMIT") else ""),
+            "settings": {"spawn_limit": int(limit), "learner_cores": learner_cores, "grading_cores": grading_cores},
+            "system": {"used_gb_before": None, "used_gb_idle": None}, "complete": False,
+            "graded_once": {"ok": False, "problems": ["not checked: the run stopped before the queue drained"],
+                            "starts": None, "restarted_job": None, "jobs": None},
+            "learners": learners, "within_s": None, "failed_spawns": None, "waited_in_spawn_queue": None,
+            "alone": {"ready_s": None, "cell_s": None}, "login_to_ready_s": {}, "cell_s": {}, "cell_slowdown": None,
+            "idle_mb": {}, "busy_mb": {}, "drain_s": {"wave1_s": None, "wave2_s": None, "wave2_per_job_s": None},
+            "events": {}}

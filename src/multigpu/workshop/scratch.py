@@ -32,7 +32,8 @@ from multigpu.workshop.layout import Hub
 START_S = 180
 #: The operator's settings a scratch hub takes from the caller's environment (``make hub-load``'s).
 PASSED = ("MULTIGPU_SPAWN_LIMIT", "MULTIGPU_GRADING_CORES", "MULTIGPU_LEARNER_CPUS", "MULTIGPU_LEARNER_MEM_GB",
-          "MULTIGPU_CULL_TIMEOUT", "MULTIGPU_CULL_EVERY", "MULTIGPU_ACTIVITY_INTERVAL", "MULTIGPU_GRADING_TIMEOUT")
+          "MULTIGPU_CULL_TIMEOUT", "MULTIGPU_CULL_EVERY", "MULTIGPU_ACTIVITY_INTERVAL", "MULTIGPU_BUSY_INTERVAL",
+          "MULTIGPU_GRADING_TIMEOUT")
 
 
 def sheet_passwords(text: str) -> dict[str, str]:
