@@ -191,7 +191,7 @@ INSTRUCTOR ?= instructor
 # make hub-learners LEARNERS=30 (learner01 ...) or LEARNERS=names.csv; the sheet of one-time
 # passwords is also written to SHEET (root only; make hub-offboard deletes it with the last account)
 LEARNERS   ?= 10
-SHEET      ?= $(HUB_ROOT)/state/learners-sheet.csv
+SHEET      ?= $(HUB_ROOT)/state/learners-sheet-$(shell date +%Y%m%d-%H%M%S).csv
 # HTTPS: make hub TLS_CERT=cert.pem TLS_KEY=key.pem (make hub-tls makes a self-signed pair);
 # HUB_URL: the address learners and certificate verifiers use, when it is not http(s)://HUB_IP:HUB_PORT
 TLS_CERT   ?=

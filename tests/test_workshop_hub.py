@@ -72,6 +72,17 @@ def test_learners_cannot_read_each_others_home_or_the_course(hub):
         assert out.returncode != 0 and "Permission denied" in out.stderr, f"{b} could run {argv}: {out.stdout}"
 
 
+def test_hub_check_reports_what_the_box_lacks_for_the_room(hub):
+    """``make hub-check`` with the hub up: its own ports are its own; a room this box can hold
+    passes, one it cannot fails on cores and memory and says so."""
+    out = hub.cli("check", "--learners", "1")
+    assert "0 check(s) failed" in out and "this hub's own proxy" in out, out
+    assert "OK    bubblewrap" in out and "OK    signing key" in out, out
+    with pytest.raises(RuntimeError) as failed:
+        hub.cli("check", "--learners", "100000")
+    assert "FAIL  cores" in str(failed.value) and "FAIL  memory" in str(failed.value)
+
+
 def test_release_fetch_submit_and_a_score_per_lab_through_a_hub_restart(hub):
     """The instructor releases Lab 0 (the formgrader's Generate and Release buttons run these
     nbgrader apps as the instructor); learner A submits a filled-in Lab 0, learner B a blank one,

@@ -57,9 +57,13 @@ def test_a_login_storm_waits_its_turn_in_arrival_order():
 
 def test_preflight_says_what_the_box_lacks(tmp_path, monkeypatch):
     big = preflight.room(10_000, [0], [1])
-    assert [c.state for c in big] == ["FAIL", "FAIL"] and "stagger" in big[0].detail
-    assert [c.state for c in preflight.room(1, [0, 1, 2], [3])] == ["OK", "OK" if preflight.memory_gb() >= 5.2 else "FAIL"]
+    assert [c.state for c in big] == ["FAIL", "FAIL"] and "a bigger box" in big[0].detail
+    in_step = preflight.room(10, [0, 1], [2])[0]
+    assert in_step.state == "WARN" and "5.0x slower" in in_step.detail, in_step
+    ok = preflight.room(1, [0, 1, 2], [3])
+    assert [c.state for c in ok] == ["OK", "OK" if preflight.memory_gb() >= preflight.need_gb(1) else "FAIL"]
     assert preflight.room(1, [0, 1], [0, 1])[0].state == "WARN", "grading on the learners' cores is said"
+    assert preflight.need_gb(30) == preflight.BASE_GB + 30 * preflight.IDLE_GB + 6 * preflight.LAB_PEAK_GB
 
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
@@ -203,3 +207,18 @@ def test_offboarding_archives_home_and_results_before_the_account_goes(tmp_path)
     finally:
         if accounts.exists(login):
             accounts.remove(login)
+
+
+def test_verify_without_the_public_key_says_where_it_is(tmp_path, capsys):
+    """``multigpu verify`` with a key file that is not there: a message naming where a hub
+    publishes the key, exit 2, no traceback."""
+    from multigpu import cli
+
+    cert = tmp_path / "cert.json"
+    cert.write_text("{}")
+    code = cli.main(["verify", str(cert), "--public-key", str(tmp_path / "course-key.pem.pub")])
+    err = capsys.readouterr().err
+    assert code == 2 and "no public key at" in err and "/services/grading/issuer/course-key.pub" in err, err
+    assert "Traceback" not in err
+    assert cli.main(["verify", str(tmp_path / "missing.json"), "--public-key", str(cert)]) == 2
+    assert "no certificate at" in capsys.readouterr().err

@@ -36,7 +36,10 @@ from multigpu.workshop.layout import Hub
 
 
 def hub_url() -> str:
-    return f"http://{os.environ.get('MULTIGPU_HUB_IP', '127.0.0.1')}:{os.environ.get('MULTIGPU_HUB_PORT', '8000')}"
+    """The address learners open (https when the hub has a certificate; ``HUB_URL`` when given)."""
+    from multigpu.workshop import hubconfig
+
+    return hubconfig.public_url()
 
 
 def setup(instructor: str) -> int:
@@ -69,19 +72,27 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 def cmd_hub(args: argparse.Namespace) -> int:
     from multigpu.workshop import hubconfig, proxy
+    from multigpu.workshop import tls as tls_files
 
+    try:  # a certificate that cannot be served stops here, not in the proxy's log
+        tls = hubconfig.tls_files()
+        why = tls_files.check(*tls) if tls else None
+    except ValueError as e:
+        why = str(e)
+    if why:
+        print(f"error: HTTPS: {why}", file=sys.stderr)
+        return 1
     code = setup(args.instructor)
     if code:
         return code
     config = course_layout.course_root() / "jupyter" / "hub" / "jupyterhub_config.py"
     env = dict(os.environ, MULTIGPU_HUB_INSTRUCTORS=args.instructor)
+    if tls:
+        env.update(MULTIGPU_HUB_TLS_CERT=tls[0], MULTIGPU_HUB_TLS_KEY=tls[1])  # the hub runs in state/
     hub = Hub.default()
     try:
-        tls = hubconfig.tls_files()
-        if tls:
-            env.update(MULTIGPU_HUB_TLS_CERT=tls[0], MULTIGPU_HUB_TLS_KEY=tls[1])  # the hub runs in state/
         pid = proxy.ensure(hub, hubconfig.proxy_settings())
-    except (RuntimeError, ValueError) as e:
+    except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"JupyterHub on {hubconfig.public_url()} (learners log in with the sheet of multigpu workshop add-learners); "
@@ -101,6 +112,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     text = accounts.sheet(rows, hub_url())
     print(text)
     if args.sheet:
+        args.sheet.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(args.sheet, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write("login,password\n" + "".join(f"{a},{b}\n" for a, b in rows))

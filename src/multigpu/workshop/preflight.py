@@ -2,13 +2,19 @@
 before the room arrives. Each check says OK, WARN (the hub runs, with less than it should) or FAIL
 (fix it first), and what to do; the exit status is 1 when any check failed.
 
-Room size comes from the room load test (``make hub-load``, docs/workshop.md "Measured"):
-:data:`LEARNERS_PER_CORE` learners per core of the learners' cores and :data:`GB_PER_LEARNER`
-of memory each, on top of :data:`BASE_GB` for the system, the hub and one grading.
+Room size (the README's formula): CPU from the labs' own measurements (``multigpu workshop
+measure-labs``, docs/workshop.md): a pass over the labs at a day's own pace is 0.19 cores per
+learner on average, :data:`LEARNERS_PER_CORE` learners per learner core; a room running the
+4-worker labs in step needs a learner core per learner (fewer make every run slower in
+proportion: a WARN). Memory: :data:`BASE_GB` for the system, the hub and one grading, plus each
+learner's server with its kernel (:data:`IDLE_GB`, the room load test's idle PSS), plus the
+largest lab's peak (:data:`LAB_PEAK_GB`, Lab 3) for the one learner in :data:`LEARNERS_PER_CORE`
+who is running a job at any moment.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import socket
@@ -19,16 +25,21 @@ from pathlib import Path
 from multigpu.workshop import limits, proxy, tls
 from multigpu.workshop.layout import Hub
 
-#: Learners per learner core for the labs at their default parameters, a room led in step
-#: (docs/workshop.md, "What a room needs": a 4-worker run in the same minute halves on 1 core per learner).
-LEARNERS_PER_CORE = 1.0
-#: Memory per learner: a server with a kernel that imported torch (idle, measured by make hub-load)
-#: plus the largest lab's peak (Lab 3, 2.9 GiB, measure-labs), rounded up; one in four running it at once.
-GB_PER_LEARNER = 1.2
+#: Learners per learner core at a day's own pace (0.19 cores each: docs/workshop.md, "What a room needs").
+LEARNERS_PER_CORE = 5
+#: A learner's server and kernel after Lab 0's check (torch and Horovod imported), PSS, rounded up
+#: (the room load test, docs/workshop.md "Measured").
+IDLE_GB = 0.5
+#: The largest peak of a lab at its default parameters (Lab 3, 2.9 GiB: measure-labs).
+LAB_PEAK_GB = 2.9
 #: The system, the hub and one grading (an official grading runs 4 workers and a baseline).
 BASE_GB = 4.0
 #: Disk per learner: the generated data set (70 MB) and the labs' run records and checkpoints.
 DISK_GB_PER_LEARNER = 1.0
+
+
+def need_gb(learners: int) -> float:
+    return BASE_GB + learners * IDLE_GB + math.ceil(learners / LEARNERS_PER_CORE) * LAB_PEAK_GB
 
 
 @dataclass
@@ -50,20 +61,26 @@ def memory_gb() -> float:
 
 
 def room(learners: int, learner_cores: list[int], grading_cores: list[int]) -> list[Check]:
-    need_cores = learners / LEARNERS_PER_CORE
+    own_pace = learners / LEARNERS_PER_CORE
     shared = learner_cores == grading_cores
-    cores = Check("cores", "OK" if len(learner_cores) >= need_cores else "FAIL",
-                  f"{len(learner_cores)} learner core(s){'' if shared else f', {len(grading_cores)} kept for grading'}; "
-                  f"{learners} learners need {need_cores:g} at {LEARNERS_PER_CORE:g} learner(s) per core")
-    if cores.state == "FAIL":
-        cores.detail += ": a bigger box, fewer learners, or stagger the 4-worker parts of Labs 3 and 4"
+    have = len(learner_cores)
+    where = f"{have} learner core(s){'' if shared else f', {len(grading_cores)} kept for grading'}"
+    if have < own_pace:
+        cores = Check("cores", "FAIL", f"{where}; {learners} learners need {own_pace:g} at a day's own pace "
+                      f"({LEARNERS_PER_CORE} per core): a bigger box or fewer learners")
+    elif have < learners and learners > 1:
+        cores = Check("cores", "WARN", f"{where}: enough for {learners} at their own pace; a room led in step through "
+                      f"the 4-worker labs runs each job {learners / have:.1f}x slower (stagger those parts)")
+    else:
+        cores = Check("cores", "OK", f"{where}: a core per learner, enough even for a room led in step")
     if shared and len(learner_cores) > 1:
-        cores.state, cores.detail = "WARN", cores.detail + "; grading shares the learners' cores (MULTIGPU_GRADING_CORES=0): " \
-                                                          "throughput verdicts are measured under the room's load"
-    need_gb = BASE_GB + learners * GB_PER_LEARNER
-    have = memory_gb()
-    mem = Check("memory", "OK" if have >= need_gb else "FAIL",
-                f"{have:.1f} GB; {learners} learners need {need_gb:.1f} GB ({BASE_GB:g} + {GB_PER_LEARNER:g} each)")
+        cores.detail += ("; grading shares the learners' cores (MULTIGPU_GRADING_CORES=0): throughput verdicts are "
+                         "measured under the room's load")
+        cores.state = "WARN" if cores.state == "OK" else cores.state
+    gb, total = need_gb(learners), memory_gb()
+    mem = Check("memory", "OK" if total >= gb else "FAIL",
+                f"{total:.1f} GB; {learners} learners need {gb:.1f} GB ({BASE_GB:g} + {IDLE_GB:g} each + "
+                f"{LAB_PEAK_GB:g} for each {LEARNERS_PER_CORE} running a lab)")
     return [cores, mem]
 
 
@@ -80,8 +97,19 @@ def isolation() -> list[Check]:
     return [cg, bw]
 
 
+def hub_running(hub: Hub) -> bool:
+    """Whether this hub's JupyterHub runs now (its pid file names a live jupyterhub)."""
+    import psutil
+
+    try:
+        return "jupyterhub" in " ".join(psutil.Process(int((hub.state / "jupyterhub.pid").read_text())).cmdline())
+    except (OSError, ValueError, psutil.Error):
+        return False
+
+
 def ports(hub: Hub, settings: proxy.Settings, grading_port: int) -> list[Check]:
-    ours = proxy.running_pid(hub) is not None
+    """Each of the hub's ports free, or held by this hub's own proxy or JupyterHub."""
+    ours = {True: proxy.running_pid(hub) is not None, False: hub_running(hub)}
     out = []
     for what, port, proxies in (("hub port", settings.port, True), ("proxy API port", settings.api_port, True),
                                 ("hub internal port", settings.hub_port, False), ("grading port", grading_port, False)):
@@ -91,8 +119,8 @@ def ports(hub: Hub, settings: proxy.Settings, grading_port: int) -> list[Check]:
                 s.bind(("127.0.0.1" if what != "hub port" or settings.ip in ("", "0.0.0.0") else settings.ip, port))
                 out.append(Check(what, "OK", f"{port} is free"))
             except OSError:
-                if proxies and ours:
-                    out.append(Check(what, "OK", f"{port} is this hub's running proxy"))
+                if ours[proxies]:
+                    out.append(Check(what, "OK", f"{port} is this hub's own {'proxy' if proxies else 'JupyterHub'}"))
                 else:
                     out.append(Check(what, "FAIL", f"{port} is in use by another program: stop it or choose another "
                                      "port (make hub HUB_PORT=...; MULTIGPU_*_PORT)"))
