@@ -29,7 +29,7 @@ from multigpu.workshop.layout import Hub
 LEARNERS_PER_CORE = 5
 #: A learner's server and kernel after Lab 0's check (torch and Horovod imported), PSS, rounded up
 #: (the room load test, docs/workshop.md "Measured").
-IDLE_GB = 0.5
+IDLE_GB = 0.2
 #: The largest peak of a lab at its default parameters (Lab 3, 2.9 GiB: measure-labs).
 LAB_PEAK_GB = 2.9
 #: The system, the hub and one grading (an official grading runs 4 workers and a baseline).

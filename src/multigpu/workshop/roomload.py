@@ -26,7 +26,6 @@ own web UI to the hub's environment and measure requests per second, which is no
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import threading
@@ -255,14 +254,6 @@ class Room:
         go.set()
         for t in threads:
             t.join(600)
-
-
-def write_report(report: dict[str, Any], path: Path) -> None:
-    from multigpu.workshop import roomreport
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
-    path.with_suffix(".md").write_text(roomreport.markdown(report))
 
 
 def summary(room: Room, alone: dict[str, Any], drains: dict[str, float]) -> dict[str, Any]:

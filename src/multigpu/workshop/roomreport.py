@@ -11,13 +11,17 @@ every one of their submissions that was graded.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +130,23 @@ def markdown(r: dict[str, Any]) -> str:
     return head + "| what | measured |\n|---|---|\n" + "".join(f"| {a} | {b} |\n" for a, b in rows)
 
 
+@contextlib.contextmanager
+def keep_log(hub: Any, path: Path) -> Iterator[None]:
+    """Copy the scratch hub's log beside the report when the block ends (the hub's root goes)."""
+    try:
+        yield
+    finally:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if hub.log.exists():
+            shutil.copyfile(hub.log, path)
+
+
+def write_report(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
+    path.with_suffix(".md").write_text(markdown(report))
+
+
 def main(learners: int, within: float, restart_hub: bool, report: Path, tag: str | None = None) -> int:
     """``multigpu workshop load``: the whole test (see ``roomload``); 0 when every submission was
     graded exactly once and no spawn failed. A run stopped part way (Ctrl-C, SIGTERM, a queue that
@@ -144,7 +165,7 @@ def main(learners: int, within: float, restart_hub: bool, report: Path, tag: str
     alone: dict[str, Any] = {"ready_s": None, "cell_s": None, "idle_mb": None}
     room = None
     try:
-        with scratch.scratch_hub(tag, [*names, f"{tag}solo"]) as hub:
+        with scratch.scratch_hub(tag, [*names, f"{tag}solo"]) as hub, keep_log(hub, report.with_suffix(".hub.log")):
             hub.release(roomload.ASSIGNMENT)
             room = roomload.Room(hub, repo, within, restart_hub, runs={n: roomload.LearnerRun(n) for n in names})
             alone = room.alone(f"{tag}solo", cells)
@@ -168,7 +189,7 @@ def main(learners: int, within: float, restart_hub: bool, report: Path, tag: str
         if room is not None:
             out.update(roomload.summary(room, alone, drains))
         out["load_after"] = roomload.load_average()
-        roomload.write_report(out, report)
+        write_report(out, report)
     print(markdown(out))
     print(f"report: {report.with_suffix('.md')} and {report.with_suffix('.json')}")
     return 0 if out["complete"] and out["graded_once"]["ok"] and not out["failed_spawns"] else 1

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multigpu.workshop import limits
+from multigpu.workshop import accounts, limits
 from multigpu.workshop.layout import Hub
 
 #: Seconds a hub may take to answer after its start on a busy 2-core machine.
@@ -184,8 +184,9 @@ def scratch_hub(tag: str, learners: list[str], *, python: str = sys.executable, 
         subprocess.run([*run, "remove-learners", *learners], env=env, capture_output=True, timeout=120 + 5 * len(learners))
         with open("/etc/passwd") as f:
             if any(line.startswith(instructor + ":") for line in f):
-                subprocess.run(["pkill", "-KILL", "-u", instructor], capture_output=True)
-                subprocess.run(["userdel", "--remove", instructor], capture_output=True)
+                accounts.stop_processes(instructor)
+                subprocess.run([shutil.which("userdel", path=accounts.SYSTEM_PATH) or "/usr/sbin/userdel", "--remove",
+                                instructor], capture_output=True)
         for name in [*learners, instructor]:
             limits.release(f"user-{name}")
         shutil.rmtree(root, ignore_errors=True)
