@@ -15,6 +15,7 @@ import json
 import os
 import pwd
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,6 +198,9 @@ def test_login_spawns_a_confined_server_and_the_grading_page_shows_only_ones_own
 def test_hub_stop_returns_as_soon_as_the_servers_are_gone(hub):
     """``make hub-stop`` after the workshop: the servers and the proxy stop, in seconds (it used to
     wait its full 20 s); the last test of the module (the fixture's hub is left with nothing)."""
+    other = subprocess.run([str(HUB_PY), "-m", "multigpu.cli", "workshop", "stop"], capture_output=True, text=True,
+                           env=dict(hub.env, MULTIGPU_HUB_ROOT=str(hub.root / "another-hub")), timeout=120)
+    assert "stopped 0 server(s)" in other.stdout, "another hub's stop leaves this hub's servers alone"
     hub.stop()
     start = time.monotonic()
     out = hub.cli("stop")

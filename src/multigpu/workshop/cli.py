@@ -152,9 +152,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from multigpu.workshop import proxy
 
     hub = Hub.default()
-    users = accounts.members(layout.LEARNERS_GROUP) | accounts.members(layout.INSTRUCTORS_GROUP)
-    procs = [p for p in psutil.process_iter(["username", "cmdline"])
-             if p.info["username"] in users and any("jupyterhub-singleuser" in a for a in p.info["cmdline"] or [])]
+    procs = servers_of(hub)
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)
@@ -167,6 +165,23 @@ def cmd_stop(args: argparse.Namespace) -> int:
     print(f"stopped {len(procs)} server(s){' and the proxy' if had_proxy else ''}"
           + (f" ({len(alive)} killed after 20 s)" if alive else ""))
     return 0
+
+
+def servers_of(hub: Hub) -> list:
+    """The user servers this hub started: ``jupyterhub-singleuser`` processes of workshop accounts
+    whose environment names this hub's root (several hubs may share a machine and its groups)."""
+    import psutil
+
+    users = accounts.members(layout.LEARNERS_GROUP) | accounts.members(layout.INSTRUCTORS_GROUP)
+    found = []
+    for p in psutil.process_iter(["username", "cmdline"]):
+        if p.info["username"] in users and any("jupyterhub-singleuser" in a for a in p.info["cmdline"] or []):
+            try:
+                if p.environ().get("MULTIGPU_HUB_ROOT") == str(hub.root):
+                    found.append(p)
+            except psutil.Error:
+                continue
+    return found
 
 
 def stopped_by(procs: list, timeout: float) -> list:
