@@ -61,7 +61,12 @@ def login(browser, hub, user: str, password: str):
     page.fill("#username_input", user)
     page.fill("#password_input", password)
     page.click("#login_submit")
-    page.wait_for_url(re.compile(rf"/user/{user}/lab"), timeout=SPAWN_MS)
+    try:
+        page.wait_for_url(re.compile(rf"/user/{user}/lab"), timeout=SPAWN_MS)
+    except Exception:
+        shot(page, f"00-{user}-login-failed")
+        raise AssertionError(f"{user} never reached JupyterLab; the page is at {page.url}:\n"
+                             f"{page.inner_text('body')[:1000]}\n--- hub log ---\n{hub.tail(5000)}") from None
     page.wait_for_function("() => !!window.jupyterapp && window.jupyterapp.commands.hasCommand("
                            "'nbgrader:open-assignment-list')", timeout=LOAD_MS)
     return page

@@ -134,14 +134,21 @@ class Learner:
                             "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
                             "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
                                         "allow_stdin": False, "stop_on_error": True}}))
+        import websocket
+
         start = time.monotonic()
         out: list[str] = []
         error, status, idle = "", "", False
         try:
             while not (status and idle):
-                if time.monotonic() - start > timeout:
+                left = timeout - (time.monotonic() - start)
+                if left <= 0:
                     raise LearnerError(f"{self.name}: the cell did not finish within {timeout:.0f} s")
-                msg = json.loads(ws.recv())
+                ws.settimeout(left)  # a cell may print nothing for minutes
+                try:
+                    msg = json.loads(ws.recv())
+                except (websocket.WebSocketException, OSError) as e:
+                    raise LearnerError(f"{self.name}: the kernel's websocket failed: {e!r}") from None
                 kind, content = msg["msg_type"], msg["content"]
                 if kind == "status" and content["execution_state"] in ("restarting", "dead"):
                     return Execution(round(time.monotonic() - start, 2), "died", "".join(out),

@@ -28,6 +28,8 @@ from typing import Any
 from multigpu.workshop import jobs, memory, roomload
 from multigpu.workshop.learnerclient import LearnerError
 
+#: Submissions each learner makes (wave 1 when done, wave 2 all at once).
+WAVES = 2
 #: Seconds one Lab 0 grading may take in the drain's bound (the busy 2-core box took up to 173 s).
 GRADING_BOUND_S = 300
 
@@ -50,6 +52,8 @@ def graded_once(hub: Any, runs: dict[str, Any], cut: int | None = None) -> dict[
     starts = grading_starts(hub.log.read_text(errors="replace"))
     by_stamp = {(j.student, j.submitted): j for j in queue.jobs()}
     for name, run in runs.items():
+        if len(run.submitted) != WAVES:
+            problems.append(f"{name} submitted {len(run.submitted)} time(s), not {WAVES}: {run.error or 'no error recorded'}")
         for i, stamp in enumerate(run.submitted):
             job = by_stamp.get((name, stamp))
             last = i == len(run.submitted) - 1
