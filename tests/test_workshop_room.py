@@ -148,7 +148,7 @@ def test_the_room_load_test_grades_every_submission_once_through_a_hub_restart(t
                           "--restart-hub", "--report", str(report)], env=env, capture_output=True, text=True, timeout=3600)
     assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     r = json.loads(report.with_suffix(".json").read_text())
-    assert r["graded_once"]["ok"] and r["failed_spawns"] == 0, r["graded_once"]
+    assert r["complete"] and r["graded_once"]["ok"] and r["failed_spawns"] == 0, (r["graded_once"], r["errors"])
     assert r["events"]["restart"]["proxy_kept"], "the hub restart left the proxy (and the learners' connections) alone"
     assert r["graded_once"]["restarted_job"] is not None and r["graded_once"]["starts"] == 5, r["graded_once"]
     assert r["login_to_ready_s"]["n"] == 2 and r["cell_s"]["n"] == 2 and r["idle_mb"]["median"] > 50

@@ -132,6 +132,8 @@ class Room:
     learners: dict[str, Learner] = field(default_factory=dict)
     events: dict[str, Any] = field(default_factory=dict)
     go: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    arrived: int = 0
 
     def learner(self, name: str) -> Learner:
         return Learner(self.hub.base, name, self.hub.learners[name], verify=self.hub.verify)
@@ -165,8 +167,8 @@ class Room:
             run.error = f"spawn: {e!r}"
             return
         finally:
-            self.events.setdefault("arrived", 0)
-            self.events["arrived"] += 1
+            with self.lock:
+                self.arrived += 1
         self.go.wait()
         try:
             start = time.monotonic()
@@ -190,7 +192,7 @@ class Room:
                                     daemon=True) for i, n in enumerate(names)]
         for t in threads:
             t.start()
-        while self.events.get("arrived", 0) < len(names):
+        while self.arrived < len(names):
             time.sleep(0.5)
         self.events["all_ready_s"] = round(time.monotonic() - t0, 2)
         ok = [n for n in names if not self.runs[n].error]
@@ -199,18 +201,23 @@ class Room:
         self.events["used_gb_idle"] = memory.system_used_gb()
         with memory.PeakSampler(ok) as sampler:
             self.go.set()
-            self.watch_wave(threads, "wave1")
+            self.watch_wave(threads)
         for n, mb in sampler.peaks.items():
             self.runs[n].busy_mb = mb
 
-    def watch_wave(self, threads: list[threading.Thread], wave: str) -> None:
-        """Wait for the threads; restart the hub once while a grading runs (``--restart_hub``)."""
-        queue = jobs.Queue(self.hub.hub.queue_db)
+    def watch_wave(self, threads: list[threading.Thread]) -> None:
+        """Wait for the threads (restarting the hub once, :meth:`maybe_restart`)."""
         while any(t.is_alive() for t in threads):
-            running = [j for j in queue.jobs() if j.state == "running"]
-            if self.restart_hub and "restart" not in self.events and running and time.time() - (running[0].started or 0) > 5:
-                self.restart(running[0])
+            self.maybe_restart()
             time.sleep(1)
+
+    def maybe_restart(self) -> None:
+        """With ``--restart-hub``: restart the hub once, when a grading has run for 5 s."""
+        if not self.restart_hub or "restart" in self.events:
+            return
+        running = [j for j in jobs.Queue(self.hub.hub.queue_db).jobs() if j.state == "running"]
+        if running and time.time() - (running[0].started or 0) > 5:
+            self.restart(running[0])
 
     def restart(self, job: jobs.Job) -> None:
         proxy = self.hub.proxy_pid()
@@ -224,10 +231,7 @@ class Room:
         queue = jobs.Queue(self.hub.hub.queue_db)
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
-            if self.restart_hub and "restart" not in self.events:
-                running = [j for j in queue.jobs() if j.state == "running"]
-                if running and time.time() - (running[0].started or 0) > 5:
-                    self.restart(running[0])
+            self.maybe_restart()
             if sum(j.state in ("done", "failed", "replaced") for j in queue.jobs()) >= expected:
                 return round(time.monotonic() - t0, 2)
             time.sleep(1)
