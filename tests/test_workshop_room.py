@@ -139,6 +139,7 @@ def test_the_culler_stops_idle_servers_never_a_busy_kernel_nor_a_grading(room):
     assert "Culling server" in hub.log.read_text()
 
 
+@pytest.mark.timeout(3600)  # four Lab 0 gradings one at a time and a hub restart: 25 min at a load of 15-20
 def test_the_room_load_test_grades_every_submission_once_through_a_hub_restart(tmp_path):
     """``make hub-load`` at the size of a test: two learners, one server starting at a time, the
     hub restarted while it grades; the report says what docs/workshop.md quotes."""
