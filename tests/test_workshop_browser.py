@@ -107,6 +107,7 @@ def certificate_status_url(cert: Path) -> str:
     return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["credentialStatus"]["statusListCredential"]
 
 
+@pytest.mark.timeout(GRADE_S + 1200)  # the gradings' own bound and the logins: past pytest-timeout's 20 minutes
 def test_workshop_in_a_browser(tmp_path):
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(NO_CHROMIUM)
