@@ -189,12 +189,23 @@ HUB_ROOT   ?= /srv/multigpu
 HUB_IP     ?= 127.0.0.1
 HUB_PORT   ?= 8000
 INSTRUCTOR ?= instructor
-# make hub-learners LEARNERS=30 (learner01 ...) or LEARNERS=names.csv
+# make hub-learners LEARNERS=30 (learner01 ...) or LEARNERS=names.csv; the sheet of one-time
+# passwords is also written to SHEET (root only; make hub-offboard deletes it with the last account)
 LEARNERS   ?= 10
+SHEET      ?= $(HUB_ROOT)/state/learners-sheet-$(shell date +%Y%m%d-%H%M%S).csv
+# HTTPS: make hub TLS_CERT=cert.pem TLS_KEY=key.pem (make hub-tls makes a self-signed pair);
+# HUB_URL: the address learners and certificate verifiers use, when it is not http(s)://HUB_IP:HUB_PORT
+TLS_CERT   ?=
+TLS_KEY    ?=
+TLS_HOST   ?= $(shell hostname -f 2>/dev/null || hostname)
+HUB_URL    ?=
 HUB_ENV = MULTIGPU_HUB_ROOT=$(HUB_ROOT) MULTIGPU_HUB_IP=$(HUB_IP) MULTIGPU_HUB_PORT=$(HUB_PORT) \
-          MULTIGPU_HUB_INSTRUCTORS=$(INSTRUCTOR) PATH=$(HUB_PREFIX)/bin:/usr/local/bin:/usr/bin:/bin
+          MULTIGPU_HUB_INSTRUCTORS=$(INSTRUCTOR) MULTIGPU_HUB_TLS_CERT=$(if $(TLS_CERT),$(abspath $(TLS_CERT))) \
+          MULTIGPU_HUB_TLS_KEY=$(if $(TLS_KEY),$(abspath $(TLS_KEY))) \
+          $(if $(HUB_URL),MULTIGPU_HUB_URL=$(HUB_URL)) PATH=$(HUB_PREFIX)/bin:/usr/local/bin:/usr/bin:/bin
+HUB_REPORT ?= bench/hub-load
 
-.PHONY: hub hub-deps hub-learners hub-queue hub-stop test-hub
+.PHONY: hub hub-deps hub-learners hub-queue hub-stop hub-check hub-tls hub-load hub-offboard test-hub
 
 hub-deps: $(STAMP)
 	MULTIGPU_HUB_PREFIX=$(HUB_PREFIX) deploy/hub/install.sh
@@ -202,9 +213,20 @@ hub-deps: $(STAMP)
 hub: hub-deps
 	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop hub --instructor $(INSTRUCTOR)
 
+# before the room arrives: what this box lacks for LEARNERS (cores, memory, cgroups, the sandbox,
+# ports, disk, the signing key, HTTPS); exit 1 when something must be fixed first
+hub-check:
+	@test -x $(HUB_PREFIX)/bin/multigpu || { echo "no hub environment in $(HUB_PREFIX): run make hub-deps"; exit 1; }
+	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop check --learners $(LEARNERS)
+
+# a self-signed certificate for a closed room: make hub-tls TLS_HOST=box.local, then make hub
+# TLS_CERT=$(HUB_ROOT)/tls/hub.crt TLS_KEY=$(HUB_ROOT)/tls/hub.key HUB_IP=0.0.0.0
+hub-tls: hub-deps
+	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop tls --cert $(HUB_ROOT)/tls/hub.crt --key $(HUB_ROOT)/tls/hub.key --host $(TLS_HOST)
+
 hub-learners: hub-deps
-	@if [ -f "$(LEARNERS)" ]; then $(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop add-learners --csv $(LEARNERS); \
-	else $(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop add-learners $(LEARNERS); fi
+	@if [ -f "$(LEARNERS)" ]; then $(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop add-learners --csv $(LEARNERS) --sheet $(SHEET); \
+	else $(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop add-learners $(LEARNERS) --sheet $(SHEET); fi
 
 hub-queue:
 	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop queue
@@ -213,8 +235,22 @@ hub-queue:
 hub-stop:
 	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop stop
 
-# the hub tests (root; make hub-deps first, with the same HUB_PREFIX): the hub end to end, the
-# attacks of a hostile learner (tests/test_workshop_attacks.py), the browser test's official grading
-# on the cpu profile (MULTIGPU_WORKSHOP_PROFILE=quick: no certificate)
+# after the workshop: each learner's home, submissions, feedback, results, certificate and grades
+# into $(HUB_ROOT)/archive/<date-time>/<login>.tar.gz, then the accounts are removed
+hub-offboard:
+	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop offboard --all
+
+# the room load test (docs/workshop.md, "Measured"): LEARNERS accounts in a scratch hub log in
+# within a minute, run Lab 0's check at once, submit Lab 0 twice; the hub is restarted once while
+# it grades; every submission must be graded exactly once. Report: $(HUB_REPORT).md and .json
+hub-load: hub-deps
+	MULTIGPU_QUICK=1 PATH=$(HUB_PREFIX)/bin:/usr/local/bin:/usr/bin:/bin \
+	$(HUB_PREFIX)/bin/multigpu workshop load --learners $(LEARNERS) --restart-hub --report $(HUB_REPORT)
+
+# the tests that run a hub (root; make hub-deps first; .ci/run runs them where it can): a hub with
+# learners, its restart and isolation; the operator's culler, spawn queue, memory limit and a small
+# room load test; the attacks of a hostile learner (tests/test_workshop_attacks.py); the browser test over HTTPS, whose official grading on the cpu profile is most of
+# its time (MULTIGPU_WORKSHOP_PROFILE=quick: no certificate); ngshare behind a hub
+HUB_TESTS = tests/test_workshop_hub.py tests/test_workshop_attacks.py tests/test_workshop_room.py tests/test_workshop_browser.py tests/test_workshop_k8s.py
 test-hub: $(STAMP)
-	MULTIGPU_QUICK=1 MULTIGPU_TEST_HUB=1 MULTIGPU_HUB_PREFIX=$(HUB_PREFIX) $(PY) -m pytest tests/test_workshop*.py -v --durations=5
+	MULTIGPU_QUICK=1 MULTIGPU_TEST_HUB=1 MULTIGPU_HUB_PREFIX=$(HUB_PREFIX) $(PY) -m pytest $(HUB_TESTS) -v --durations=10

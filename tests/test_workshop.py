@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from multigpu.workshop import accounts, course, hubconfig, jobs, layout, limits
 
 
@@ -245,13 +246,14 @@ def test_hub_settings(monkeypatch, tmp_path):
     assert c.JupyterHub.spawner_class is hubconfig.WorkshopSpawner
     assert c.JupyterHub.bind_url.startswith("http://127.0.0.1:")
     assert Path(c.JupyterHub.db_url.removeprefix("sqlite:///")).parent == tmp_path / "state"
-    (service,) = c.JupyterHub.services
+    culler, service = c.JupyterHub.services
     assert service["name"] == "grading" and service["command"][-1] == "multigpu.workshop.service"
+    assert culler["name"] == "idle-culler" and "--timeout=3600" in culler["command"]
     learner_cores, grading_cores = limits.split_cores(reserved=1) if len(limits.os.sched_getaffinity(0)) > 1 else ([0], [0])
     assert service["environment"]["MULTIGPU_GRADING_CORES_LIST"] == limits.cpulist(grading_cores)
     env = hubconfig.server_env(layout.Hub(tmp_path), instructor=False)
     assert env["JUPYTER_CONFIG_PATH"].split(":")[0] == str(tmp_path / "etc" / "learner")
-    assert env["JUPYTER_CONFIG_PATH"].endswith("jupyter/learner")
+    assert env["JUPYTER_CONFIG_PATH"].split(":")[1:] == [str(REPO / "jupyter" / "learner"), str(REPO / "jupyter" / "hub-server")]
 
 
 @pytest.mark.slow

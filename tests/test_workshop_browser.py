@@ -1,12 +1,14 @@
 """Issue 32's "done when", in a real browser (Playwright + Debian's Chromium, as tests/test_browser.py)
-against a real hub (tests/test_workshop_hub.py's ``running_hub``: temporary root, accounts removed
-at the end).
+against a real hub over HTTPS (tests/test_workshop_hub.py's ``running_hub``: temporary root, a
+self-signed certificate, accounts removed at the end).
 
-The instructor releases Lab 0 and the assessment from the formgrader; two learners log in, fetch
+The instructor opens *Nbgrader > Formgrader* inside JupyterLab and releases Lab 0 and the
+assessment from the embedded formgrader (as docs/workshop.md says); two learners log in, fetch
 both from the Assignments list, fill in Lab 0 (A with the solution's answers, B not), save their
 train.py (A: the reference conversion, B: a broken one) and submit. The grading service grades the
 four submissions; each learner's grading page shows only their own; A's assessment earns a signed
-certificate that ``multigpu verify`` accepts, B's page shows the grader's message; each learner
+certificate that ``multigpu verify`` accepts with the public key and status list the hub publishes
+where the certificate says they are, B's page shows the grader's message; each learner
 fetches their own feedback; the instructor's formgrader lists both learners' scores.
 
 The certificate needs a real grading profile (``cpu``: the quick profile never certifies), so the
@@ -49,14 +51,22 @@ def shot(page, name: str) -> None:
 
 
 def login(browser, hub, user: str, password: str):
-    context = browser.new_context(viewport={"width": 1440, "height": 900}, accept_downloads=True)
+    # the hub's certificate is self-signed (what `make hub-tls` makes for a closed room): the
+    # browser is told to accept it, as a learner clicks through the warning once
+    context = browser.new_context(viewport={"width": 1440, "height": 900}, accept_downloads=True,
+                                  ignore_https_errors=True)
     page = context.new_page()
     page.set_default_timeout(LOAD_MS)
     page.goto(hub.base + "/hub/login")
     page.fill("#username_input", user)
     page.fill("#password_input", password)
     page.click("#login_submit")
-    page.wait_for_url(re.compile(rf"/user/{user}/lab"), timeout=SPAWN_MS)
+    try:
+        page.wait_for_url(re.compile(rf"/user/{user}/lab"), timeout=SPAWN_MS)
+    except Exception:
+        shot(page, f"00-{user}-login-failed")
+        raise AssertionError(f"{user} never reached JupyterLab; the page is at {page.url}:\n"
+                             f"{page.inner_text('body')[:1000]}\n--- hub log ---\n{hub.tail(5000)}") from None
     page.wait_for_function("() => !!window.jupyterapp && window.jupyterapp.commands.hasCommand("
                            "'nbgrader:open-assignment-list')", timeout=LOAD_MS)
     return page
@@ -88,19 +98,33 @@ def open_assignment_list(page) -> None:
     page.evaluate("async () => { await window.jupyterapp.commands.execute('nbgrader:open-assignment-list'); }")
 
 
+def certificate_status_url(cert: Path) -> str:
+    """The status list address inside a certificate's signed credential (the JWT's payload)."""
+    import base64
+
+    token = json.loads(cert.read_text())["id"].split(",", 1)[1]
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["credentialStatus"]["statusListCredential"]
+
+
+@pytest.mark.timeout(GRADE_S + 1200)  # the gradings' own bound and the logins: past pytest-timeout's 20 minutes
 def test_workshop_in_a_browser(tmp_path):
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(NO_CHROMIUM)
     tag = f"mgw{os.getpid() % 100000}"
-    with running_hub(tag, PROFILE, MULTIGPU_HUB_SERVER_ARGS="--LabApp.expose_app_in_browser=True",
+    with running_hub(tag, PROFILE, tls=True, MULTIGPU_HUB_SERVER_ARGS="--LabApp.expose_app_in_browser=True",
                      MULTIGPU_GRADING_CORES="0") as hub, headless_chromium() as browser:
         a, b = sorted(hub.learners)
+        assert hub.base.startswith("https://")
 
-        # the instructor releases Lab 0 and the assessment
+        # the instructor releases Lab 0 and the assessment from Nbgrader > Formgrader, the
+        # formgrader embedded in JupyterLab (its server lets its own pages frame it)
         teacher = login(browser, hub, hub.instructor, hub.instructor_password)
-        teacher.goto(hub.base + f"/user/{hub.instructor}/formgrader/manage_assignments")
+        teacher.evaluate("async () => { await window.jupyterapp.commands.execute('nbgrader:open-formgrader'); }")
+        formgrader = teacher.frame_locator("#formgrader-iframe iframe")
+        formgrader.locator("a", has_text="Manage Assignments").first.wait_for(state="visible", timeout=LOAD_MS)
         for assignment in ("lab-00", "assessment"):
-            release_from_formgrader(teacher, hub, assignment)
+            release_from_formgrader(formgrader, hub, assignment)
         shot(teacher, "01-instructor-released")
 
         # two learners fetch, fill in and submit
@@ -184,11 +208,20 @@ def test_workshop_in_a_browser(tmp_path):
                     pages[a].get_by_role("link", name=f"certificate ({kind})").click()
                 got.value.save_as(folder / got.value.suggested_filename)
             (cert,) = folder.glob("*.json")
-            key = Path(hub.env["MULTIGPU_CERTIFICATE_KEY"] + ".pub")
-            out = subprocess.run([str(HUB_PY), "-m", "multigpu.cli", "verify", str(cert), "--public-key", str(key)],
+            # the public key and the status list, fetched by anyone (no login) from where the
+            # certificate says the issuer publishes them
+            import requests
+
+            list_url = hub.base + "/services/grading/issuer/status-list.jwt"
+            for name in ("course-key.pub", "status-list.jwt"):
+                r = requests.get(hub.base + f"/services/grading/issuer/{name}", verify=hub.verify, allow_redirects=False)
+                assert r.status_code == 200, f"{name}: HTTP {r.status_code}"
+                (folder / name).write_bytes(r.content)
+            out = subprocess.run([str(HUB_PY), "-m", "multigpu.cli", "verify", str(cert), "--public-key",
+                                  str(folder / "course-key.pub"), "--status-list", str(folder / "status-list.jwt")],
                                  capture_output=True, text=True, timeout=120)
             assert out.returncode == 0, f"multigpu verify refused A's certificate:\n{out.stdout}\n{out.stderr}"
-            assert a in out.stdout
+            assert a in out.stdout and certificate_status_url(cert) == list_url
 
         # feedback: each learner fetches their own
         for learner in (a, b):

@@ -14,21 +14,17 @@ import contextlib
 import json
 import os
 import pwd
-import re
 import shutil
-import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
-from multigpu.running import launch
-from multigpu.workshop import jobs, layout, limits
+from multigpu.workshop import jobs, limits, scratch
+from multigpu.workshop.learnerclient import Learner, LearnerError
 
 PREFIX = Path(os.environ.get("MULTIGPU_HUB_PREFIX", "/opt/multigpu-hub"))
 HUB_PY = PREFIX / "bin" / "python"
@@ -45,107 +41,13 @@ START_S = 180  # hub up on a busy 2-core machine
 GRADE_S = 900  # two lab gradings and a restart
 
 
-@dataclass
-class HubUnderTest:
-    root: Path
-    env: dict[str, str]
-    base: str
-    instructor: str
-    learners: dict[str, str]  # login -> password
-    proc: object = None
-    log: Path = field(default_factory=Path)
-    instructor_password: str = ""
-
-    @property
-    def hub(self) -> layout.Hub:
-        return layout.Hub(self.root)
-
-    def cli(self, *args: str) -> str:
-        out = subprocess.run([str(HUB_PY), "-m", "multigpu.cli", "workshop", *args], env=self.env,
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, f"multigpu workshop {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
-        return out.stdout
-
-    def start(self) -> None:
-        self.proc = launch.start(["sh", "-c", f'exec "$0" -m multigpu.cli workshop hub --instructor {self.instructor} '
-                                  f'>>"{self.log}" 2>&1', str(HUB_PY)], env=self.env, capture=False)
-        deadline = time.monotonic() + START_S
-        import requests
-
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"the hub exited:\n{self.log.read_text()[-3000:]}"
-            try:
-                if requests.get(self.base + "/hub/api", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(1)
-        raise AssertionError(f"the hub did not answer within {START_S} s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-
-    def as_user(self, user: str, *argv: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        """Run ``argv`` as ``user`` the way their server would: their uid and groups, their home,
-        the hub's environment and, for learners, the learners' Jupyter config."""
-        pw = pwd.getpwnam(user)
-        env = {"HOME": pw.pw_dir, "USER": user, "PATH": f"{PREFIX / 'bin'}:/usr/bin:/bin", "MULTIGPU_QUICK": "1"}
-        if user != self.instructor:
-            env["JUPYTER_CONFIG_PATH"] = str(self.hub.learner_config)
-        out = subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--", *argv],
-                             cwd=cwd or pw.pw_dir, env=env, capture_output=True, text=True, timeout=300)
-        if check:
-            assert out.returncode == 0, f"{' '.join(argv)} as {user} failed:\n{out.stdout}\n{out.stderr}"
-        return out
-
-    def nbgrader(self, user: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-        return self.as_user(user, str(PREFIX / "bin" / "nbgrader"), *args, cwd=cwd)
-
-
-def _sheet(text: str) -> dict[str, str]:
-    return dict(re.findall(r"^(\S+)\s+([a-z2-9]{4}-[a-z2-9]{4}-[a-z2-9]{4})$", text, re.M))
-
-
 @contextlib.contextmanager
-def running_hub(tag: str, profile: str = "quick", **extra_env: str) -> Iterator[HubUnderTest]:
+def running_hub(tag: str, profile: str = "quick", tls: bool = False, **extra_env: str) -> Iterator[scratch.ScratchHub]:
     """A hub in a temporary root with an instructor ``<tag>i`` and learners ``<tag>a``, ``<tag>b``;
-    everything it made (accounts, servers, cgroups, folders) is removed at the end."""
-    root = Path(tempfile.mkdtemp(prefix="multigpu-hub-test-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    keys = Path(tempfile.mkdtemp(prefix="multigpu-hub-key-"))
-    ports = [launch.free_port() for _ in range(4)]
-    env = {"MULTIGPU_HUB_ROOT": str(root), "MULTIGPU_CERTIFICATE_KEY": str(keys / "course-key.pem"),
-           "MULTIGPU_HUB_PORT": str(ports[0]), "MULTIGPU_HUB_INTERNAL_PORT": str(ports[1]),
-           "MULTIGPU_PROXY_API_PORT": str(ports[2]), "MULTIGPU_GRADING_PORT": str(ports[3]),
-           "MULTIGPU_HUB_INSTRUCTORS": f"{tag}i", "MULTIGPU_QUICK": "1", "MULTIGPU_GRADING_PROFILE": profile,
-           "PATH": f"{PREFIX / 'bin'}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **extra_env}
-    h = HubUnderTest(root, env, f"http://127.0.0.1:{ports[0]}", f"{tag}i", {}, log=root / "hub.log")
-    try:
-        h.instructor_password = _sheet(h.cli("setup", "--instructor", h.instructor))[h.instructor]
-        names = root / "room.csv"
-        names.write_text(f"login\n{tag}a\n{tag}b\n")
-        h.learners = _sheet(h.cli("add-learners", "--csv", str(names)))
-        assert sorted(h.learners) == [f"{tag}a", f"{tag}b"], "the sheet lists every new login with its password"
-        h.start()
+    everything it made (accounts, servers, the proxy, cgroups, folders) is removed at the end."""
+    with scratch.scratch_hub(tag, [f"{tag}a", f"{tag}b"], python=str(HUB_PY), profile=profile, tls=tls,
+                             **extra_env) as h:
         yield h
-    finally:
-        h.stop()
-        subprocess.run([str(HUB_PY), "-m", "multigpu.cli", "workshop", "stop"], env=env, capture_output=True, timeout=120)
-        subprocess.run([str(HUB_PY), "-m", "multigpu.cli", "workshop", "remove-learners", f"{tag}a", f"{tag}b"],
-                       env=env, capture_output=True, timeout=120)
-        if h.instructor in open("/etc/passwd").read():
-            subprocess.run(["pkill", "-KILL", "-u", h.instructor], capture_output=True)
-            subprocess.run(["userdel", "--remove", h.instructor], capture_output=True)
-        for name in (f"{tag}a", f"{tag}b", h.instructor):
-            limits.release(f"user-{name}")
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(keys, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +56,7 @@ def hub():
         yield h
 
 
-def _a_b(hub: HubUnderTest) -> tuple[str, str]:
+def _a_b(hub: scratch.ScratchHub) -> tuple[str, str]:
     a, b = sorted(hub.learners)
     return a, b
 
@@ -171,15 +73,30 @@ def test_learners_cannot_read_each_others_home_or_the_course(hub):
         assert out.returncode != 0 and "Permission denied" in out.stderr, f"{b} could run {argv}: {out.stdout}"
 
 
+def test_hub_check_reports_what_the_box_lacks_for_the_room(hub):
+    """``make hub-check`` with the hub up: its own ports are its own; a room this box can hold
+    passes, one it cannot fails on cores and memory and says so."""
+    out = hub.cli("check", "--learners", "1")
+    assert "0 check(s) failed" in out and "this hub's own proxy" in out, out
+    assert "OK    bubblewrap" in out and "OK    signing key" in out, out
+    with pytest.raises(RuntimeError) as failed:
+        hub.cli("check", "--learners", "100000")
+    assert "FAIL  cores" in str(failed.value) and "FAIL  memory" in str(failed.value)
+
+
 def test_release_fetch_submit_and_a_score_per_lab_through_a_hub_restart(hub):
     """The instructor releases Lab 0 (the formgrader's Generate and Release buttons run these
     nbgrader apps as the instructor); learner A submits a filled-in Lab 0, learner B a blank one,
     twice (the second replaces the first). The hub is restarted while A's grading runs: it runs
-    again and nothing is lost."""
+    again and nothing is lost; the proxy stays, and A's kernel, opened through it before the
+    restart, answers during and after it without a new login."""
     a, b = _a_b(hub)
-    course = hub.hub.course
-    hub.nbgrader(hub.instructor, "generate_assignment", "lab-00", "--force", cwd=course)
-    hub.nbgrader(hub.instructor, "release_assignment", "lab-00", cwd=course)
+    hub.release("lab-00")
+    learner_a = Learner(hub.base, a, hub.learners[a])
+    learner_a.login()
+    learner_a.wait_ready()
+    kernel = learner_a.start_kernel()
+    assert learner_a.execute(kernel, "print(6 * 7)").output.strip() == "42"
     for learner in (a, b):
         hub.nbgrader(learner, "fetch_assignment", "lab-00")
     # A fills in the exercise: the solution's cells in A's own copy
@@ -200,9 +117,12 @@ def test_release_fetch_submit_and_a_score_per_lab_through_a_hub_restart(hub):
         mine_jobs = {(j.student, j.state) for j in queue.jobs()}
         running = [j for j in queue.jobs() if j.state == "running"]
         if not restarted and running and running[0].student == a and time.time() - running[0].started > 5:
+            proxy = hub.proxy_pid()
             hub.stop()  # the hub stops its service, which stops the grading under way
             assert queue.get(running[0].id).state == "running"
+            assert learner_a.execute(kernel, "print(6 * 8)").output.strip() == "48", "the hub is down, the lab is not"
             hub.start()
+            assert proxy and hub.proxy_pid() == proxy, "a hub restart leaves the proxy running"
             restarted = True
         if restarted and len([j for j in queue.jobs() if j.state in ("done", "failed")]) >= 2:
             break
@@ -216,6 +136,8 @@ def test_release_fetch_submit_and_a_score_per_lab_through_a_hub_restart(hub):
     assert (b, "replaced") in by and (b, "done") in by, "B's second submission replaced the first"
     assert by[(a, "done")].result["autograde"]["score"] == by[(a, "done")].result["autograde"]["max_score"] > 0
     assert by[(b, "done")].result["autograde"]["score"] == 0
+    assert learner_a.execute(kernel, "print(6 * 9)").output.strip() == "54", "A's kernel answers after the restart"
+    assert "SAWarning" not in hub.log.read_text(), "gradings print no SQLAlchemy warnings into the hub's log"
 
     from nbgrader.api import Gradebook
 
@@ -223,6 +145,7 @@ def test_release_fetch_submit_and_a_score_per_lab_through_a_hub_restart(hub):
         sa, sb = gb.find_submission("lab-00", a), gb.find_submission("lab-00", b)
         assert (sa.score, sb.score) == (sa.max_score, 0) and sa.max_score > 0
         assert gb.find_assignment("lab-00").name == "lab-00", "the gradebook has the lab as its own assignment"
+        assert gb.find_student(a).last_name == a, "the formgrader lists a learner by name, not as 'None, None'"
 
     # feedback reaches each learner, and only theirs
     for learner in (a, b):
@@ -235,23 +158,14 @@ def test_release_fetch_submit_and_a_score_per_lab_through_a_hub_restart(hub):
 
 
 def test_login_spawns_a_confined_server_and_the_grading_page_shows_only_ones_own(hub):
-    import requests
 
     a, b = _a_b(hub)
-    s = requests.Session()
-    s.get(hub.base + "/hub/login")
-    bad = s.post(hub.base + "/hub/login", data={"username": a, "password": "wrong", "_xsrf": s.cookies.get("_xsrf")})
-    assert "Invalid username or password" in bad.text
-    s.post(hub.base + "/hub/login", data={"username": a, "password": hub.learners[a], "_xsrf": s.cookies.get("_xsrf")})
-    s.get(hub.base + "/hub/spawn")
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        r = s.get(hub.base + f"/hub/api/users/{a}", headers={"X-XSRFToken": s.cookies.get("_xsrf", "")})
-        if r.status_code == 200 and r.json().get("server"):
-            break
-        time.sleep(2)
-    else:
-        pytest.fail(f"{a}'s server did not start:\n{hub.log.read_text()[-3000:]}")
+    with pytest.raises(LearnerError, match="invalid login or password"):
+        Learner(hub.base, a, "wrong").login()
+    learner = Learner(hub.base, a, hub.learners[a])
+    learner.login()
+    learner.wait_ready(START_S)
+    s = learner.session
     import psutil
 
     servers = [p for p in psutil.process_iter(["username", "cmdline"]) if p.info["username"] == a
@@ -275,3 +189,22 @@ def test_login_spawns_a_confined_server_and_the_grading_page_shows_only_ones_own
     r = s.get(hub.base + f"/services/grading/files/{own['id']}/feedback/00-welcome.html")
     assert r.status_code == 200 and "00-welcome" in r.text
     json.dumps(status)
+
+    # a JupyterLab terminal keeps the hub's environment on its PATH (a login shell would reset it)
+    out = learner.terminal("command -v nbgrader jupyter", expect="jupyter\r\n")
+    assert str(HUB_PY.parent / "nbgrader") in out, out
+
+
+def test_hub_stop_returns_as_soon_as_the_servers_are_gone(hub):
+    """``make hub-stop`` after the workshop: the servers and the proxy stop, in seconds (it used to
+    wait its full 20 s); the last test of the module (the fixture's hub is left with nothing)."""
+    other = subprocess.run([str(HUB_PY), "-m", "multigpu.cli", "workshop", "stop"], capture_output=True, text=True,
+                           env=dict(hub.env, MULTIGPU_HUB_ROOT=str(hub.root / "another-hub")), timeout=120)
+    assert "stopped 0 server(s)" in other.stdout, "another hub's stop leaves this hub's servers alone"
+    hub.stop()
+    start = time.monotonic()
+    out = hub.cli("stop")
+    took = time.monotonic() - start
+    assert "stopped" in out and "and the proxy" in out, out
+    assert took < 15, f"make hub-stop took {took:.0f} s"
+    assert hub.proxy_pid() is None

@@ -11,6 +11,8 @@ set -euo pipefail
 
 CHP_VERSION=5.3.0
 JUPYTERHUB_VERSION=5.3.0
+# stops servers nobody used for an hour (hubconfig.culler_service)
+IDLE_CULLER_VERSION=2.0.0
 # nbgrader's exchange behind the hub's login, as on Kubernetes (deploy/kubernetes/ngshare.yaml):
 # installed here so `make test-hub` runs it against a real hub (tests/test_workshop_k8s.py).
 # ngshare gets its own environment with SQLAlchemy 1.4: it adds rows the SQLAlchemy 1 way, which
@@ -23,10 +25,12 @@ course=$(cd "$(dirname "$0")/../.." && pwd)
 prefix=${MULTIGPU_HUB_PREFIX:-/opt/multigpu-hub}
 python=${MULTIGPU_HUB_PYTHON:-/usr/bin/python3.11}
 
-say() { printf '[hub-deps] %s\n' "$*"; }
+started=$(date +%s)
+# each line says the seconds since the start (CI's log shows where the minutes go)
+say() { printf '[hub-deps %4ss] %s\n' "$(( $(date +%s) - started ))" "$*"; }
 fail() { printf '[hub-deps] ERROR: %s\n' "$*" >&2; exit 1; }
 
-[ "$(id -u)" = 0 ] || fail "run as root (it installs system packages and creates $prefix): sudo make hub-deps"
+[ "$(id -u)" = 0 ] || fail "run as root (it installs system packages and creates $prefix): make hub-deps as root"
 
 apt_install() {
   say "apt-get install $*"
@@ -52,13 +56,15 @@ if [ ! -x "$prefix/bin/python" ]; then
   "$python" -m venv "$prefix"
 fi
 # what the environment was built from: a changed pin or Horovod patch rebuilds it
-want="course=$course jupyterhub=$JUPYTERHUB_VERSION pyproject=$(sha256sum "$course/pyproject.toml" | cut -c1-12) \
+want="course=$course jupyterhub=$JUPYTERHUB_VERSION idle-culler=$IDLE_CULLER_VERSION pyproject=$(sha256sum "$course/pyproject.toml" | cut -c1-12) \
 horovod-patch=$(sha256sum "$course"/tools/horovod-*.patch | cut -c1-12)"
 if [ "$(cat "$prefix/.hub-ready" 2>/dev/null)" != "$want" ]; then
   say "installing torch, the course ($course) and JupyterHub $JUPYTERHUB_VERSION into $prefix (minutes)"
+  # torch first, from its pin (the course's dependencies would otherwise resolve another build)
   pip "torch==$(sed -n 's/^ *"torch==\([^"]*\)".*/\1/p' "$course/pyproject.toml")"
-  pip -e "$course"
-  pip "jupyterhub==$JUPYTERHUB_VERSION"
+  say "torch installed; the course and JupyterHub"
+  pip -e "$course" "jupyterhub==$JUPYTERHUB_VERSION" "jupyterhub-idle-culler==$IDLE_CULLER_VERSION"
+  say "Horovod (the wheel cached by make setup when it was built for the same torch and patch)"
   "$course/tools/install_horovod.sh" "$prefix/bin/python"
   echo "$want" > "$prefix/.hub-ready"
 fi

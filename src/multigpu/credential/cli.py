@@ -30,6 +30,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from multigpu.credential import certificates
 
     public = args.public_key or certificates.public_key_path(certificates.default_key_path())
+    if not Path(args.certificate).exists():
+        print(f"error: no certificate at {args.certificate}", file=sys.stderr)
+        return 2
+    if not str(public).startswith("ed25519 ") and not Path(public).is_file():
+        print(f"error: no public key at {public}: pass the course's published key, --public-key course-key.pub "
+              "(a workshop hub publishes it at <hub address>/services/grading/issuer/course-key.pub; on the hub's "
+              f"box it lies beside the signing key, by default {certificates.public_key_path(certificates.default_key_path())})",
+              file=sys.stderr)
+        return 2
     try:
         print(certificates.verify(args.certificate, public, status_list_file=args.status_list).summary())
     except certificates.Revoked as e:
@@ -38,6 +47,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except certificates.CertificateError as e:
         print(f"INVALID: {e}", file=sys.stderr)
         return 1
+    except (OSError, ValueError) as e:  # a key or status list file that is not one
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

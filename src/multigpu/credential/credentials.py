@@ -293,11 +293,13 @@ def revoke(folder: str | os.PathLike, certificate_id: str, reason: str, key: Ed2
     return _write_status(registry, key)
 
 
-def publish_issuer(outdir: str | os.PathLike, folder: str | os.PathLike, key: Ed25519PrivateKey) -> list[Path]:
+def publish_issuer(outdir: str | os.PathLike, folder: str | os.PathLike, key: Ed25519PrivateKey,
+                   issuer_url: str | None = None) -> list[Path]:
     """Write the files the course hosts (issuer profile, keys, status list, verification page)
-    for the certificates issued from ``folder``."""
+    for the certificates issued from ``folder`` (before the first one, for ``issuer_url``)."""
     try:
-        registry = status_list.Registry.open(folder)
+        registry = status_list.Registry.open(folder, None if (Path(folder) / status_list.STATE_FILE).exists()
+                                             else issuer_url)
     except status_list.StatusError as e:
         raise CertificateError(f"{e}: issue certificates first (multigpu certify)") from None
     return openbadges.publish(Path(outdir), issuer_url=registry.issuer_url, course=COURSE, key=key,

@@ -10,5 +10,15 @@
                grading, feedback, a certificate
     service    the hub service that watches submissions, runs the queue and shows each learner
                their place and result
+    spawnqueue a room logging in at once: servers start a few at a time, the others wait
+    busykernels  a server extension: a kernel running a job counts as activity (the idle culler)
+    proxy      configurable-http-proxy as a process of its own, left alone by hub restarts
+    tls        HTTPS: a self-signed pair on request, a pair checked before it is served
+    issuer     the certificates' public key and status list, served where the certificates say
+    preflight  make hub-check: what the box lacks for a room of N
+    offboard   after the workshop: each learner's work and results archived, then the account removed
+    scratch    a whole hub in a temporary root (tests and the room load test)
+    learnerclient  one learner, driven as their browser drives the hub
+    roomload, roomreport, memory   the room load test (make hub-load) and its report
     cli        ``multigpu workshop VERB``
 """

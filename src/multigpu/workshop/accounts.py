@@ -82,18 +82,50 @@ def password(length: int = 12) -> str:
     return "-".join(raw[i:i + 4] for i in range(0, length, 4))
 
 
-def names_from_csv(path: str | os.PathLike) -> list[str]:
-    """Logins from a CSV: the column ``login`` (or ``username``) when the header has one, else the
-    first column; blank lines and lines starting with # are skipped."""
+def _csv_rows(path: str | os.PathLike) -> tuple[list[str], list[list[str]]]:
+    """(lower-case header or [], rows) of a CSV; blank lines and lines starting with # skipped."""
     rows = [r for r in csv.reader(Path(path).read_text().splitlines()) if r and r[0].strip()
             and not r[0].lstrip().startswith("#")]
     if not rows:
         raise AccountError(f"{path} holds no names")
     header = [h.strip().lower() for h in rows[0]]
-    col = next((header.index(k) for k in ("login", "username") if k in header), None)
-    if col is not None:
-        rows = rows[1:]
-    return [r[col or 0].strip() for r in rows if len(r) > (col or 0) and r[col or 0].strip()]
+    return (header, rows[1:]) if any(k in header for k in LOGIN_COLUMNS) else ([], rows)
+
+
+#: Header names of the login column (``student_id``: nbgrader's and ngshare's student lists).
+LOGIN_COLUMNS = ("login", "username", "student_id")
+
+
+def names_from_csv(path: str | os.PathLike) -> list[str]:
+    """Logins from a CSV: the column ``login`` (or ``username``, ``student_id``) when the header has
+    one, else the first column; blank lines and lines starting with # are skipped."""
+    header, rows = _csv_rows(path)
+    col = next((header.index(k) for k in LOGIN_COLUMNS if k in header), 0)
+    return [r[col].strip() for r in rows if len(r) > col and r[col].strip()]
+
+
+def full_names_from_csv(path: str | os.PathLike) -> dict[str, str]:
+    """``{login: "First Last"}`` from a CSV whose header has ``first_name`` and/or ``last_name``
+    (the instructor's gradebook shows them); empty when it has neither."""
+    header, rows = _csv_rows(path)
+    if not header or not {"first_name", "last_name"} & set(header):
+        return {}
+    col = next(header.index(k) for k in LOGIN_COLUMNS if k in header)
+    parts = [header.index(k) for k in ("first_name", "last_name") if k in header]
+    return {r[col].strip(): " ".join(r[i].strip() for i in parts if len(r) > i and r[i].strip())
+            for r in rows if len(r) > col and r[col].strip()}
+
+
+def gradebook_names(login: str) -> dict[str, str]:
+    """``{first_name, last_name}`` for nbgrader's gradebook: the account's full name (its GECOS
+    field, from the room's CSV), else the login as the last name (the formgrader shows
+    "last, first" and would show "None, None" for a student without them)."""
+    try:
+        full = pwd.getpwnam(login).pw_gecos.split(",")[0].strip()
+    except KeyError:
+        full = ""
+    first, _, last = full.rpartition(" ")
+    return {"first_name": first, "last_name": last} if last else {"first_name": "", "last_name": login}
 
 
 def numbered(count: int, prefix: str = "learner") -> list[str]:
@@ -110,10 +142,10 @@ def numbered(count: int, prefix: str = "learner") -> list[str]:
     return out
 
 
-def create(login: str, group: str, secret: str | None = None) -> str:
-    """Create the Unix user ``login`` in ``group`` with a private home (700) and a password;
-    returns the password. An existing account is refused unless this module made it (it is in
-    ``group``), and then only its password is reset."""
+def create(login: str, group: str, secret: str | None = None, full_name: str = "") -> str:
+    """Create the Unix user ``login`` in ``group`` with a private home (700), a password and
+    ``full_name`` (its GECOS field); returns the password. An existing account is refused unless
+    this module made it (it is in ``group``), and then only its password and name are set."""
     _require_root("creating accounts")
     if not LOGIN.match(login):
         raise AccountError(f"{login!r} is not a usable login: lower-case letters, digits, _ and -, "
@@ -124,6 +156,8 @@ def create(login: str, group: str, secret: str | None = None) -> str:
             raise AccountError(f"a user {login!r} already exists and is not a workshop account: pick another name")
     else:
         _run(["useradd", "--create-home", "--shell", "/bin/bash", "--gid", group, "-K", "UMASK=077", login])
+    if full_name:
+        _run(["usermod", "--comment", full_name.replace(",", " ").replace(":", " "), login])
     home = Path(pwd.getpwnam(login).pw_dir)
     os.chmod(home, 0o700)
     secret = secret or password()
@@ -131,12 +165,12 @@ def create(login: str, group: str, secret: str | None = None) -> str:
     return secret
 
 
-def add_learners(names: list[str]) -> list[tuple[str, str]]:
+def add_learners(names: list[str], full_names: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """Create (or reset the password of) every learner in ``names``; ``[(login, password)]``."""
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise AccountError(f"names given twice: {', '.join(dupes)}")
-    return [(n, create(n, layout.LEARNERS_GROUP)) for n in names]
+    return [(n, create(n, layout.LEARNERS_GROUP, full_name=(full_names or {}).get(n, ""))) for n in names]
 
 
 def remove(login: str, group: str = layout.LEARNERS_GROUP) -> None:
@@ -146,8 +180,13 @@ def remove(login: str, group: str = layout.LEARNERS_GROUP) -> None:
         return
     if login not in members(group):
         raise AccountError(f"{login!r} is not a workshop account (not in group {group}): not removed")
-    subprocess.run([shutil.which("pkill", path=SYSTEM_PATH) or "pkill", "-KILL", "-u", login], capture_output=True)  # its servers and kernels
+    stop_processes(login)
     _run(["userdel", "--remove", login])
+
+
+def stop_processes(login: str) -> None:
+    """Kill every process of ``login`` (their server, kernels and jobs)."""
+    subprocess.run([shutil.which("pkill", path=SYSTEM_PATH) or "pkill", "-KILL", "-u", login], capture_output=True)
 
 
 def ensure_service_user(login: str = layout.GRADER_USER) -> pwd.struct_passwd:

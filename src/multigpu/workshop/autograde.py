@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from multigpu.workshop import layout, limits, safefiles
+from multigpu.workshop import accounts, layout, limits, safefiles
 from multigpu.workshop.jobs import Job
 from multigpu.workshop.layout import Hub
 
@@ -240,7 +240,7 @@ def record_scores(hub: Hub, job: Job, scores: dict[str, dict[str, float]]) -> di
     from nbgrader.api import Gradebook, MissingEntry
 
     with Gradebook(hub.db_url) as gb:
-        gb.update_or_create_student(job.student)
+        gb.update_or_create_student(job.student, **accounts.gradebook_names(job.student))
         try:
             gb.find_assignment(job.assignment)
         except MissingEntry:

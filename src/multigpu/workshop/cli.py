@@ -6,8 +6,15 @@
     multigpu workshop add-learners N | --csv FILE [--sheet FILE]
                                                   accounts and a sheet of logins and one-time passwords
     multigpu workshop remove-learners NAME... | --all
+    multigpu workshop offboard NAME... | --all [--to DIR]
+                                                  archive each learner's home and results, then remove them
     multigpu workshop queue                       the grading queue, as the instructor sees it
     multigpu workshop stop                        after the workshop: the proxy and every learner server
+    multigpu workshop check --learners N          preflight: what this box lacks for a room of N (make hub-check)
+    multigpu workshop tls --cert F --key F --host NAME
+                                                  a self-signed certificate for a closed room's HTTPS
+    multigpu workshop load --learners N [--report FILE] [--restart-hub]
+                                                  the room load test in a scratch hub (make hub-load)
     multigpu workshop grade-job ID                one grading (the grading service runs it)
     multigpu workshop measure-labs [NOTEBOOK...] [--json FILE]
                                                   CPU time, wall time, peak cores and memory of each
@@ -29,7 +36,10 @@ from multigpu.workshop.layout import Hub
 
 
 def hub_url() -> str:
-    return f"http://{os.environ.get('MULTIGPU_HUB_IP', '127.0.0.1')}:{os.environ.get('MULTIGPU_HUB_PORT', '8000')}"
+    """The address learners open (https when the hub has a certificate; ``HUB_URL`` when given)."""
+    from multigpu.workshop import hubconfig
+
+    return hubconfig.public_url()
 
 
 def setup(instructor: str) -> int:
@@ -61,14 +71,32 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 
 def cmd_hub(args: argparse.Namespace) -> int:
+    from multigpu.workshop import hubconfig, proxy
+    from multigpu.workshop import tls as tls_files
+
+    try:  # a certificate that cannot be served stops here, not in the proxy's log
+        tls = hubconfig.tls_files()
+        why = tls_files.check(*tls) if tls else None
+    except ValueError as e:
+        why = str(e)
+    if why:
+        print(f"error: HTTPS: {why}", file=sys.stderr)
+        return 1
     code = setup(args.instructor)
     if code:
         return code
     config = course_layout.course_root() / "jupyter" / "hub" / "jupyterhub_config.py"
     env = dict(os.environ, MULTIGPU_HUB_INSTRUCTORS=args.instructor)
+    if tls:
+        env.update(MULTIGPU_HUB_TLS_CERT=tls[0], MULTIGPU_HUB_TLS_KEY=tls[1])  # the hub runs in state/
     hub = Hub.default()
-    print(f"JupyterHub on {hub_url()} (learners log in with the sheet of multigpu workshop add-learners); "
-          "stop it with Ctrl-C", flush=True)
+    try:
+        pid = proxy.ensure(hub, hubconfig.proxy_settings())
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"JupyterHub on {hubconfig.public_url()} (learners log in with the sheet of multigpu workshop add-learners); "
+          f"the proxy (pid {pid}) keeps running across hub restarts; stop the hub with Ctrl-C", flush=True)
     os.chdir(hub.state)
     os.execve(str(Path(sys.executable).parent / "jupyterhub"), ["jupyterhub", "-f", str(config)], env)
     return 0  # not reached
@@ -77,13 +105,14 @@ def cmd_hub(args: argparse.Namespace) -> int:
 def cmd_add(args: argparse.Namespace) -> int:
     try:
         names = accounts.names_from_csv(args.csv) if args.csv else accounts.numbered(args.count)
-        rows = accounts.add_learners(names)
+        rows = accounts.add_learners(names, accounts.full_names_from_csv(args.csv) if args.csv else None)
     except accounts.AccountError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     text = accounts.sheet(rows, hub_url())
     print(text)
     if args.sheet:
+        args.sheet.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(args.sheet, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write("login,password\n" + "".join(f"{a},{b}\n" for a, b in rows))
@@ -120,32 +149,120 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
     import psutil
 
+    from multigpu.workshop import proxy
+
     hub = Hub.default()
-    users = accounts.members(layout.LEARNERS_GROUP) | accounts.members(layout.INSTRUCTORS_GROUP)
-    procs = [p for p in psutil.process_iter(["username", "cmdline"])
-             if p.info["username"] in users and any("jupyterhub-singleuser" in a for a in p.info["cmdline"] or [])]
-    pidfile = hub.state / "proxy.pid"
-    if pidfile.exists():
-        try:
-            procs.append(psutil.Process(int(pidfile.read_text().strip())))
-        except (ValueError, psutil.NoSuchProcess):
-            pass
-        pidfile.unlink()
+    procs = servers_of(hub)
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
-    gone, alive = psutil.wait_procs(procs, timeout=20)
+    alive = stopped_by(procs, 20)
     for p in alive:
         p.kill()
-    print(f"stopped {len(procs)} process(es): the proxy and the users' servers")
+    had_proxy = proxy.stop(hub)
+    print(f"stopped {len(procs)} server(s){' and the proxy' if had_proxy else ''}"
+          + (f" ({len(alive)} killed after 20 s)" if alive else ""))
     return 0
 
 
+def servers_of(hub: Hub) -> list:
+    """The user servers this hub started: ``jupyterhub-singleuser`` processes of workshop accounts
+    whose environment names this hub's root (several hubs may share a machine and its groups)."""
+    import psutil
+
+    users = accounts.members(layout.LEARNERS_GROUP) | accounts.members(layout.INSTRUCTORS_GROUP)
+    found = []
+    for p in psutil.process_iter(["username", "cmdline"]):
+        if p.info["username"] in users and any("jupyterhub-singleuser" in a for a in p.info["cmdline"] or []):
+            try:
+                if p.environ().get("MULTIGPU_HUB_ROOT") == str(hub.root):
+                    found.append(p)
+            except psutil.Error:
+                continue
+    return found
+
+
+def stopped_by(procs: list, timeout: float) -> list:
+    """Wait until every process in ``procs`` has exited (or is a zombie its parent has not yet
+    reaped: it holds nothing); the ones still running after ``timeout`` seconds."""
+    import time
+
+
+    deadline = time.monotonic() + timeout
+    alive = list(procs)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if running(p)]
+    return alive
+
+
+def running(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def cmd_offboard(args: argparse.Namespace) -> int:
+    from multigpu.workshop import offboard
+
+    hub = Hub.default()
+    names = sorted(accounts.members(layout.LEARNERS_GROUP)) if args.all else args.names
+    folder = args.to or offboard.default_folder(hub)
+    try:
+        done = offboard.offboard(hub, names, folder)
+    except (offboard.OffboardError, accounts.AccountError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for login, path in done:
+        print(f"archived {login} -> {path}; account removed")
+    print(f"{len(done)} learner(s) offboarded; the room's grades: {folder / 'grades.csv'}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from multigpu.workshop import preflight
+
+    try:
+        count = len(accounts.names_from_csv(args.learners)) if Path(args.learners).is_file() else int(args.learners)
+    except (ValueError, accounts.AccountError) as e:
+        print(f"error: --learners takes a number or a CSV of logins ({e})", file=sys.stderr)
+        return 1
+    return preflight.main(count)
+
+
+def cmd_tls(args: argparse.Namespace) -> int:
+    from multigpu.workshop import tls
+
+    tls.self_signed(args.cert, args.key, args.host)
+    print(f"self-signed certificate {args.cert} (for {', '.join(args.host)}, {tls.DAYS} days) and key {args.key}: "
+          f"make hub TLS_CERT={args.cert} TLS_KEY={args.key}; browsers warn once that no authority signed it")
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from multigpu.workshop import roomreport
+
+    return roomreport.main(args.learners, args.within, args.restart_hub, args.report)
+
+
 def cmd_grade_job(args: argparse.Namespace) -> int:
+    import warnings
+
+    from sqlalchemy.exc import SAWarning
+
     from multigpu.workshop import grading, jobs
 
+    # nbgrader's Gradebook.add_submission builds a submission through its relationships and adds
+    # it to the session a few lines later; SQLAlchemy 2 warns at the autoflush in between (the row
+    # is written all the same: the tests read it back). Without this, every grading printed three
+    # such warnings into the hub's log.
+    warnings.filterwarnings("ignore", message=r"Object of type <Submitted\w+> not in session, add operation along",
+                            category=SAWarning)
     hub = Hub.default()
     queue = jobs.Queue(hub.queue_db)
     job = queue.get(args.id)
@@ -188,6 +305,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("names", nargs="*")
     p.add_argument("--all", action="store_true", help="every workshop learner account")
     p.set_defaults(func=cmd_remove)
+    p = sub.add_parser("offboard", help="archive each learner's home and results, then remove the account")
+    p.add_argument("names", nargs="*")
+    p.add_argument("--all", action="store_true", help="every workshop learner account")
+    p.add_argument("--to", type=Path, default=None, help="the archive folder (default ROOT/archive/<date-time>)")
+    p.set_defaults(func=cmd_offboard)
+    p = sub.add_parser("check", help="preflight: what this box lacks for a room (make hub-check)")
+    p.add_argument("--learners", default="30", help="the room's size, or its CSV of logins")
+    p.set_defaults(func=cmd_check)
+    p = sub.add_parser("tls", help="make a self-signed certificate and key for the hub's HTTPS")
+    p.add_argument("--cert", type=Path, required=True)
+    p.add_argument("--key", type=Path, required=True)
+    p.add_argument("--host", action="append", default=[], help="a name or address learners open (repeatable)")
+    p.set_defaults(func=cmd_tls)
+    p = sub.add_parser("load", help="the room load test in a scratch hub (make hub-load)")
+    p.add_argument("--learners", type=int, default=30)
+    p.add_argument("--within", type=float, default=60.0, help="seconds over which the logins are spread")
+    p.add_argument("--restart-hub", action="store_true", help="restart the hub while the first submission is graded")
+    p.add_argument("--report", type=Path, default=Path("bench/hub-load"), help="report path, without suffix (.json, .md)")
+    p.set_defaults(func=cmd_load)
     p = sub.add_parser("queue", help="the grading queue")
     p.set_defaults(func=cmd_queue)
     p = sub.add_parser("stop", help="stop the proxy and every user server a hub left running")
@@ -203,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.func is cmd_add and (args.count is None) == (args.csv is None):
         parser.error("give a number of learners or --csv FILE (one of the two)")
+    if args.func is cmd_offboard and bool(args.names) == args.all:
+        parser.error("give learner logins or --all (one of the two)")
     return int(args.func(args) or 0)
 
 

@@ -11,25 +11,30 @@
   JupyterLab as ``make lab`` configures it (``jupyter/learner``) plus nbgrader's exchange; the
   instructor's serves the hub course with the formgrader (``jupyter/instructor``).
 - The grading service (``multigpu.workshop.service``), started and restarted by the hub.
+- What a hub left running for a day needs: the idle culler (:func:`culler_service`; a busy kernel
+  counts as activity, ``busykernels``), servers started a few at a time (``spawnqueue``), the proxy
+  as a process of its own that a hub restart leaves alone (``proxy``), HTTPS (``tls``).
 
 Settings come from the environment ``make hub`` passes (every one has a default):
 ``MULTIGPU_HUB_ROOT``, ``MULTIGPU_HUB_IP``/``_PORT`` (the address learners open),
 ``MULTIGPU_HUB_INTERNAL_PORT``, ``MULTIGPU_PROXY_API_PORT``, ``MULTIGPU_GRADING_PORT``,
 ``MULTIGPU_HUB_INSTRUCTORS`` (comma-separated logins), ``MULTIGPU_GRADING_CORES`` (cores kept for
 grading), ``MULTIGPU_LEARNER_CPUS``, ``MULTIGPU_LEARNER_MEM_GB`` and ``MULTIGPU_LEARNER_PIDS`` (each
-learner server's share), ``MULTIGPU_GRADING_PIDS`` and ``MULTIGPU_GRADING_MEM_GB`` (a grading's).
+learner server's share), ``MULTIGPU_GRADING_PIDS`` and ``MULTIGPU_GRADING_MEM_GB`` (a grading's),
+``MULTIGPU_HUB_TLS_CERT``/``_KEY`` (HTTPS), ``MULTIGPU_CULL_TIMEOUT``/``_EVERY`` (seconds; timeout 0:
+no culler), ``MULTIGPU_SPAWN_LIMIT`` (servers starting at once), ``MULTIGPU_HUB_URL`` (the address
+learners and certificate verifiers use, when it is not ``http(s)://IP:PORT``).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from multigpu.core import layout as course_layout
-from multigpu.workshop import layout, limits
+from multigpu.workshop import jobs, layout, limits, proxy, spawnqueue
 from multigpu.workshop.layout import Hub
 
 try:
@@ -49,6 +54,12 @@ LEARNER_PIDS = 1024
 SERVICE_VARS = ("MULTIGPU_GRADING_PROFILE", "MULTIGPU_QUICK", "MULTIGPU_QUEUE_LIMIT", "MULTIGPU_GRADING_TIMEOUT",
                 "MULTIGPU_CERTIFICATE_KEY", "MULTIGPU_GRADING_PIDS", "MULTIGPU_GRADING_MEM_GB", "MULTIGPU_SANDBOX_USER",
                 "PATH")
+#: The idle culler's defaults: a server nobody used for an hour (no open tab, no busy kernel) is
+#: stopped, checked every 5 minutes; the learner's files stay, a new login starts it again.
+CULL_TIMEOUT_S = 3600
+CULL_EVERY_S = 300
+#: How often a server tells the hub of its activity (JupyterHub's default is 300 s).
+ACTIVITY_INTERVAL_S = 60
 
 
 def env_int(name: str, default: int) -> int:
@@ -71,12 +82,17 @@ def server_env(hub: Hub, instructor: bool) -> dict[str, str]:
     view = "instructor" if instructor else "learner"
     # nbgrader reads nbgrader_config.py from these folders: the hub course's own for the
     # instructor (the formgrader's course root), the exchange's settings for learners
-    paths = [str(hub.course if instructor else hub.learner_config), str(repo / "jupyter" / view)]
+    # jupyter/hub-server: what only a hub's servers need (a busy kernel counts as activity; the
+    # terminal's shell keeps this PATH)
+    paths = [str(hub.course if instructor else hub.learner_config), str(repo / "jupyter" / view),
+             str(repo / "jupyter" / "hub-server")]
     bindir = str(Path(sys.executable).parent)
     return {
         "JUPYTER_CONFIG_PATH": os.pathsep.join(paths),
         "PATH": os.pathsep.join([bindir, "/usr/local/bin", "/usr/bin", "/bin"]),
         "MULTIGPU_HUB_ROOT": str(hub.root),
+        "JUPYTERHUB_ACTIVITY_INTERVAL": str(env_int("MULTIGPU_ACTIVITY_INTERVAL", ACTIVITY_INTERVAL_S)),
+        **{k: v for k, v in os.environ.items() if k == "MULTIGPU_BUSY_INTERVAL"},
     }
 
 
@@ -92,6 +108,9 @@ class WorkshopSpawner(LocalProcessSpawner):
         env.update(server_env(Hub.default(), self.is_instructor()))
         return env
 
+    #: The cores a starting server may use (``spawnqueue``: every core while no grading runs).
+    spawn_cores: list[int] | None = None
+
     async def start(self) -> Any:
         hub = Hub.default()
         if self.is_instructor():
@@ -99,7 +118,24 @@ class WorkshopSpawner(LocalProcessSpawner):
             self.default_url = "/lab/tree/source"
         else:
             self.default_url = "/lab"
-        return await super().start()
+        learner_cores, grading_cores = cores()
+        queue = spawnqueue.queue(len(set(learner_cores) | set(grading_cores)))
+        await queue.enter(self.user.name)
+        try:
+            idle = jobs.Queue(hub.queue_db).count("running") == 0
+            self.spawn_cores = sorted(set(learner_cores) | set(grading_cores)) if idle else learner_cores
+            ip, port = await super().start()
+            await spawnqueue.until_listening(ip, port, self.poll, self.http_timeout)
+        finally:
+            await queue.leave()
+            if self.spawn_cores != learner_cores and self.pid:
+                limits.set_cores(f"user-{self.user.name}", self.pid, learner_cores)
+            self.spawn_cores = None
+        return ip, port
+
+    async def progress(self) -> Any:
+        async for event in spawnqueue.queue(1).progress(self.user.name):
+            yield event
 
     async def stop(self, now: bool = False) -> None:
         await super().stop(now=now)
@@ -108,6 +144,7 @@ class WorkshopSpawner(LocalProcessSpawner):
     def make_preexec_fn(self, name: str) -> Any:
         become = super().make_preexec_fn(name)
         learner_cores, _grading = cores()
+        learner_cores = self.spawn_cores or learner_cores
         cpu = None if self.is_instructor() else float(os.environ.get("MULTIGPU_LEARNER_CPUS") or LEARNER_CPUS)
         mem = None if self.is_instructor() else int(float(os.environ.get("MULTIGPU_LEARNER_MEM_GB") or LEARNER_MEM_GB) * 2**30)
         pids = None if self.is_instructor() else env_int("MULTIGPU_LEARNER_PIDS", LEARNER_PIDS)
@@ -120,24 +157,80 @@ class WorkshopSpawner(LocalProcessSpawner):
         return confine_then_become
 
 
+def tls_files() -> tuple[str, str] | None:
+    """The certificate and key the proxy serves (``MULTIGPU_HUB_TLS_CERT``/``_KEY``), or None: HTTP."""
+    cert, key = os.environ.get("MULTIGPU_HUB_TLS_CERT", ""), os.environ.get("MULTIGPU_HUB_TLS_KEY", "")
+    if bool(cert) != bool(key):
+        raise ValueError("HTTPS needs both a certificate and its key (make hub TLS_CERT=... TLS_KEY=...)")
+    return (str(Path(cert).resolve()), str(Path(key).resolve())) if cert else None
+
+
+def proxy_settings() -> proxy.Settings:
+    """The proxy of this hub (``multigpu workshop hub`` starts it, the hub's config points at it)."""
+    tls = tls_files()
+    return proxy.Settings(ip=os.environ.get("MULTIGPU_HUB_IP", "127.0.0.1"), port=env_int("MULTIGPU_HUB_PORT", 8000),
+                          api_port=env_int("MULTIGPU_PROXY_API_PORT", 8001),
+                          hub_port=env_int("MULTIGPU_HUB_INTERNAL_PORT", 8081),
+                          tls_cert=tls[0] if tls else "", tls_key=tls[1] if tls else "")
+
+
+def public_url() -> str:
+    """The hub's address for learners and for certificate verifiers (``MULTIGPU_HUB_URL``, else
+    ``http(s)://IP:PORT``, the box's name for 0.0.0.0)."""
+    given = os.environ.get("MULTIGPU_HUB_URL")
+    if given:
+        return given.rstrip("/")
+    import socket
+
+    settings = proxy_settings()
+    host = socket.getfqdn() if settings.ip in ("", "0.0.0.0") else settings.ip
+    return f"{'https' if settings.tls_cert else 'http'}://{host}:{settings.port}"
+
+
+def issuer_url() -> str:
+    """Where the hub publishes the issuer files its certificates name (the grading service's
+    ``issuer/``: the public key, the status list, the verification page), unless
+    ``MULTIGPU_ISSUER_URL`` names another place the instructor publishes them."""
+    return os.environ.get("MULTIGPU_ISSUER_URL") or public_url() + "/services/grading/issuer"
+
+
+def culler_service() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """JupyterHub's idle culler as a hub service, and its role: ``([service], [role])``, or
+    nothing with ``MULTIGPU_CULL_TIMEOUT=0``. It stops a server whose last activity is older than
+    the timeout; an open JupyterLab tab (it polls its server) and a busy kernel (``busykernels``)
+    are activity, the grading service is not a server and is never culled."""
+    timeout = env_int("MULTIGPU_CULL_TIMEOUT", CULL_TIMEOUT_S)
+    if timeout <= 0:
+        return [], []
+    every = env_int("MULTIGPU_CULL_EVERY", CULL_EVERY_S)
+    service = {"name": "idle-culler", "command": [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={timeout}",
+                                                  f"--cull-every={every}", "--cull-admin-users=false"]}
+    role = {"name": "idle-culler", "services": ["idle-culler"],
+            "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]}
+    return [service], [role]
+
+
 def configure(c: Any) -> None:
     """Fill JupyterHub's config object ``c`` (see the module doc)."""
     hub = Hub.default()
     hub.state.mkdir(parents=True, exist_ok=True)
-    ip = os.environ.get("MULTIGPU_HUB_IP", "127.0.0.1")
-    port = env_int("MULTIGPU_HUB_PORT", 8000)
     grading_port = env_int("MULTIGPU_GRADING_PORT", 8010)
-    c.JupyterHub.bind_url = f"http://{ip}:{port}"
-    c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{env_int('MULTIGPU_HUB_INTERNAL_PORT', 8081)}"
-    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{env_int('MULTIGPU_PROXY_API_PORT', 8001)}"
-    c.ConfigurableHTTPProxy.command = [shutil.which("configurable-http-proxy") or "configurable-http-proxy"]
-    c.ConfigurableHTTPProxy.pid_file = str(hub.state / "proxy.pid")
+    settings = proxy_settings()
+    c.JupyterHub.bind_url = f"{'https' if settings.tls_cert else 'http'}://{settings.ip}:{settings.port}"
+    c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{settings.hub_port}"
+    # the proxy is a process of its own (``proxy``: started by ``multigpu workshop hub``), so a hub
+    # restart leaves it, its routes and every open connection alone
+    c.ConfigurableHTTPProxy.should_start = False
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings.api_port}"
+    c.ConfigurableHTTPProxy.auth_token = proxy.token(hub)
     c.JupyterHub.db_url = f"sqlite:///{hub.state / 'jupyterhub.sqlite'}"
     c.JupyterHub.cookie_secret_file = str(hub.state / "jupyterhub_cookie_secret")
     c.JupyterHub.pid_file = str(hub.state / "jupyterhub.pid")
-    # a hub restart leaves running servers and the proxy's routes alone; they are found again
+    # a hub restart leaves running servers alone; they are found again
     c.JupyterHub.cleanup_servers = False
     c.JupyterHub.cleanup_proxy = False
+    # a room logging in at once waits in ``spawnqueue`` (JupyterHub's own limit would refuse them)
+    c.JupyterHub.concurrent_spawn_limit = 0
 
     c.JupyterHub.authenticator_class = "pam"
     c.PAMAuthenticator.allowed_groups = {layout.LEARNERS_GROUP, layout.INSTRUCTORS_GROUP}
@@ -148,15 +241,17 @@ def configure(c: Any) -> None:
     c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
     # extra arguments of every user's server (tests: --LabApp.expose_app_in_browser=True)
     c.Spawner.args = os.environ.get("MULTIGPU_HUB_SERVER_ARGS", "").split()
-    c.Spawner.start_timeout = 300  # a busy box imports torch slowly
+    # a start may wait its turn in ``spawnqueue`` first, and a busy box imports slowly
+    c.Spawner.start_timeout = 900
     c.Spawner.http_timeout = 300
     learner_cores, grading_cores = cores()
-    c.JupyterHub.services = [{
+    culler, culler_roles = culler_service()
+    c.JupyterHub.services = [*culler, {
         "name": "grading",
         "url": f"http://127.0.0.1:{grading_port}",
         "command": [sys.executable, "-m", "multigpu.workshop.service"],
         "environment": {"MULTIGPU_HUB_ROOT": str(hub.root), "MULTIGPU_GRADING_CORES_LIST": limits.cpulist(grading_cores),
-                        "MULTIGPU_HUB_INSTRUCTORS": ",".join(instructors()),
+                        "MULTIGPU_HUB_INSTRUCTORS": ",".join(instructors()), "MULTIGPU_ISSUER_URL": issuer_url(),
                         **{k: v for k, v in os.environ.items() if k in SERVICE_VARS}},
         "display": True,
         "oauth_no_confirm": True,
@@ -164,4 +259,5 @@ def configure(c: Any) -> None:
     c.JupyterHub.load_roles = [
         # every user may open the grading service's page (it shows each learner only their own)
         {"name": "user", "scopes": ["self", "access:services!service=grading"]},
+        *culler_roles,
     ]

@@ -211,3 +211,28 @@ def release(name: str, wait_s: float = 10.0) -> set[int]:
         except OSError:
             pass  # absent, or a process in uninterruptible sleep is still in it: the next confine reuses it
     return killed
+
+
+def set_cores(name: str, pid: int, cores: list[int]) -> None:
+    """Move the control group ``multigpu/name`` (every process in it) to ``cores``; where no
+    cgroup is writable, the CPU affinity of ``pid`` and its descendants. A starting server gets
+    wider cores than the learners' (``spawnqueue``) and is narrowed once it answers."""
+    import psutil
+
+    v = version()
+    folder = CGROUP / PARENT / name if v == 2 else CGROUP / "cpuset" / PARENT / name
+    if v and (folder / "cpuset.cpus").exists():
+        try:
+            _write(folder / "cpuset.cpus", cpulist(cores))
+        except OSError:
+            pass
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.cpu_affinity(cores)
+        except psutil.Error:
+            pass

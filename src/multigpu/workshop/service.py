@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from multigpu.workshop import accounts, jobs, layout, limits, ngshare, safefiles, submissions
+from multigpu.workshop import accounts, issuer, jobs, layout, limits, ngshare, safefiles, submissions
 from multigpu.workshop.layout import Hub
 
 SCAN_S = 2.0
@@ -224,7 +224,7 @@ def render(hub: Hub, queue: jobs.Queue, user: str, instructor: bool, prefix: str
         report = f"<pre>{html.escape(res['report'])}</pre>" if res.get("report") else ""
         rows.append(f"<tr><td>{job.id}</td><td>{html.escape(job.student)}</td><td>{html.escape(job.assignment)}</td>"
                     f"<td>{html.escape(job.submitted)}</td><td class='{job.state}'>{html.escape(state)}</td>"
-                    f"<td>{detail}{report}{'<br>'.join(links)}</td></tr>")
+                    f"<td>{detail}{report}{''.join(f'<p>{link}</p>' for link in links)}</td></tr>")
     waiting = queue.count("queued") + queue.count("held")
     running = queue.count("running")
     head = (f"<h1>Grading</h1><p>Signed in as <b>{html.escape(user)}</b>"
@@ -310,6 +310,7 @@ def make_app(hub: Hub, queue: jobs.Queue) -> Any:
         (prefix + "status", Status),
         (prefix + r"files/(\d+)/(feedback|certificate)/([^/]+)", File),
         (prefix + "oauth_callback", HubOAuthCallbackHandler),
+        *issuer.handlers(hub, prefix),
     ], cookie_secret=os.urandom(32))
 
 
