@@ -164,7 +164,8 @@ def test_the_grading_page_keeps_each_link_apart_from_the_message(tmp_path):
     queue = jobs.Queue(hub.queue_db)
     job = queue.add("ana+lab-00+t1+x", "ana", "lab-00", "t1")
     queue.take()
-    queue.finish(job.id, "done", "notebooks 2/2 points; feedback released (Assignments tab: Fetch Feedback)")
+    queue.finish(job.id, "done", "notebooks 2/2 points; feedback released (Assignments tab: Fetch Feedback)",
+                 {"autograde": {"notebooks": {"00-welcome": [2.0, 2.0]}}})
     feedback = hub.course / "feedback" / "ana" / "lab-00"
     feedback.mkdir(parents=True)
     (feedback / "00-welcome.html").write_text("<html></html>")

@@ -62,10 +62,16 @@ def run_as(user: str | None = None) -> pwd.struct_passwd | None:
 
 
 def give_workdir(workdir: Path, user: str | None = None) -> None:
-    """Make ``workdir`` the sandboxed account's, so the run can write its checkpoints there."""
+    """Make ``workdir`` and the folders the grader made in it before the run (the observers'
+    checkpoint folder) the sandboxed account's, so the run can write its checkpoints there."""
     account = run_as(user)
-    if account is not None:
-        os.chown(workdir, account.pw_uid, account.pw_gid)
+    if account is None:
+        return
+    os.chown(workdir, account.pw_uid, account.pw_gid)
+    with os.scandir(workdir) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                os.chown(entry.path, account.pw_uid, account.pw_gid, follow_symlinks=False)
 
 
 def always_hidden() -> list[Path]:

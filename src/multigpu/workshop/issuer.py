@@ -28,7 +28,7 @@ def published(hub: Hub, name: str, issuer_url: str | None = None) -> Path:
     """The published file ``name`` (one of :data:`FILES`), written again first when it is missing
     or older than the certificates' own status list."""
     from multigpu.credential import certificates
-    from multigpu.grading.status_list import LIST_FILE
+    from multigpu.credential.status_list import LIST_FILE
 
     if name not in FILES:
         raise KeyError(name)
