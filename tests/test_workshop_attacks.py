@@ -30,7 +30,8 @@ import pytest
 
 from conftest import REPO
 from multigpu.workshop import jobs, layout
-from test_workshop_hub import HUB_PY, WHY_NOT, HubUnderTest, running_hub
+from multigpu.workshop.scratch import ScratchHub
+from test_workshop_hub import HUB_PY, WHY_NOT, running_hub
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")]
 
@@ -50,11 +51,11 @@ def submission_name(student: str, assignment: str) -> str:
     return f"{student}+{assignment}+{stamp()}+{uuid.uuid4().hex[:12]}"
 
 
-def learner_python(hub: HubUnderTest, user: str, code: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def learner_python(hub: ScratchHub, user: str, code: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     return hub.as_user(user, str(HUB_PY), "-c", code, *args, check=check)
 
 
-def wait_for(what: str, ready: Callable[[], object], timeout: float, hub: HubUnderTest) -> object:
+def wait_for(what: str, ready: Callable[[], object], timeout: float, hub: ScratchHub) -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = ready()
@@ -66,23 +67,23 @@ def wait_for(what: str, ready: Callable[[], object], timeout: float, hub: HubUnd
                 f"\n{hub.log.read_text()[-3000:]}")
 
 
-def job_of(hub: HubUnderTest, name: str) -> jobs.Job | None:
+def job_of(hub: ScratchHub, name: str) -> jobs.Job | None:
     return next((j for j in jobs.Queue(hub.hub.queue_db).jobs() if j.submission == name), None)
 
 
-def finished(hub: HubUnderTest, name: str, timeout: float = GRADE_S) -> jobs.Job:
+def finished(hub: ScratchHub, name: str, timeout: float = GRADE_S) -> jobs.Job:
     """The job of the submission ``name`` once it is done or failed."""
     return wait_for(f"{name} was not graded", lambda: (j := job_of(hub, name)) and j.state in ("done", "failed") and j,
                     timeout, hub)  # type: ignore[return-value]
 
 
-def idle(hub: HubUnderTest, timeout: float = GRADE_S) -> None:
+def idle(hub: ScratchHub, timeout: float = GRADE_S) -> None:
     queue = jobs.Queue(hub.hub.queue_db)
     wait_for("the queue did not empty", lambda: not any(j.state in ("queued", "held", "running") for j in queue.jobs()),
              timeout, hub)
 
 
-def submit(hub: HubUnderTest, user: str) -> str:
+def submit(hub: ScratchHub, user: str) -> str:
     """``nbgrader submit lab-00`` as ``user``; the name of the folder it made in the inbound exchange."""
     before = set(os.listdir(hub.hub.inbound))
     time.sleep(1.1)  # nbgrader's timestamps tell two submissions apart
@@ -145,7 +146,7 @@ def hub():
         yield h
 
 
-def learners(hub: HubUnderTest) -> tuple[str, str]:
+def learners(hub: ScratchHub) -> tuple[str, str]:
     a, b = sorted(hub.learners)
     return a, b
 
@@ -476,7 +477,7 @@ def test_5_feedback_is_served_sandboxed_and_only_the_notebooks_feedback(hub, hos
     assert "sandbox" in policy and "allow-scripts" not in policy and "allow-same-origin" not in policy, policy
 
 
-def login(hub: HubUnderTest, user: str, password: str):
+def login(hub: ScratchHub, user: str, password: str):
     import requests
 
     s = requests.Session()

@@ -33,7 +33,8 @@ START_S = 180
 #: The operator's settings a scratch hub takes from the caller's environment (``make hub-load``'s).
 PASSED = ("MULTIGPU_SPAWN_LIMIT", "MULTIGPU_GRADING_CORES", "MULTIGPU_LEARNER_CPUS", "MULTIGPU_LEARNER_MEM_GB",
           "MULTIGPU_CULL_TIMEOUT", "MULTIGPU_CULL_EVERY", "MULTIGPU_ACTIVITY_INTERVAL", "MULTIGPU_BUSY_INTERVAL",
-          "MULTIGPU_GRADING_TIMEOUT")
+          "MULTIGPU_GRADING_TIMEOUT", "MULTIGPU_LEARNER_PIDS", "MULTIGPU_GRADING_PIDS", "MULTIGPU_GRADING_MEM_GB",
+          "MULTIGPU_SANDBOX_USER")
 
 
 def sheet_passwords(text: str) -> dict[str, str]:
