@@ -505,6 +505,85 @@ def test_5_the_instructors_formgrader_runs_no_script_of_a_learner(hub, hostile):
         assert made not in page.text, f"the formgrader page carries A's script {made!r}"  # type: ignore[attr-defined]
 
 
+def instructor_server(course: Path) -> tuple[str, dict[str, str], subprocess.Popen]:
+    """The instructor's Jupyter server as the hub spawns it (the hub course's nbgrader config, then
+    ``jupyter/instructor``), from the hub's environment: ``(base URL, auth headers, process)``."""
+    import secrets
+    import socket
+
+    import requests
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(16)
+    env = {"HOME": str(course), "PATH": f"{HUB_PY.parent}:/usr/bin:/bin",
+           "JUPYTER_CONFIG_PATH": f"{course}:{REPO / 'jupyter' / 'instructor'}"}
+    proc = subprocess.Popen([str(HUB_PY.parent / "jupyter-server"), "--allow-root", "--no-browser", "--ip=127.0.0.1",
+                             f"--port={port}", f"--ServerApp.root_dir={course}", f"--IdentityProvider.token={token}"],
+                            env=env, cwd=course, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if requests.get(base + "/api", timeout=5).ok:
+                return base, {"Authorization": f"token {token}"}, proc
+        except requests.RequestException:
+            time.sleep(1)
+    proc.kill()
+    pytest.fail("the instructor's Jupyter server did not start")
+
+
+def test_5_the_formgrader_serves_no_learner_page_as_the_instructors(tmp_path, monkeypatch):
+    """Found by the red-team pass after the fixes: nbgrader's formgrader serves the files below
+    ``/formgrader/submissions/<id>/`` (a notebook's images) as their names say, on the hub's origin,
+    and with ``..%2F`` any file of the course. A's ``k.html`` submitted with Lab 0 is copied by
+    autograde into ``autograded/``; with ``..%2F`` A's ``k.html`` in ``submitted/`` and nbgrader's
+    feedback page of A's notebook (A's markdown as HTML) are reached too. A markdown link in A's
+    notebook, relative to the formgrader's page of it, takes the instructor there. The exact files
+    the grading leaves in the hub course, on the instructor's server as the hub spawns it."""
+    import requests
+    from nbgrader.api import Gradebook
+
+    from multigpu.workshop import course as hub_course
+
+    monkeypatch.setenv("PATH", f"{HUB_PY.parent}:{os.environ['PATH']}")  # nbgrader's gradebook runs alembic
+    course = tmp_path / "course"
+    course.mkdir()
+    db_url = f"sqlite:///{course / 'gradebook.db'}"
+    (course / "nbgrader_config.py").write_text(hub_course.COURSE_CONFIG.format(
+        course=str(course), course_id=layout.COURSE_ID, db_url=db_url, exchange=str(tmp_path / "exchange"),
+        assessment=layout.ASSESSMENT))
+    learner = "learnera"
+    with Gradebook(db_url) as gb:
+        gb.add_assignment("lab-00")
+        gb.add_notebook("00-welcome", "lab-00")
+        gb.add_student(learner)
+        gb.add_submission("lab-00", learner)
+        submission_id = gb.find_submission_notebook("00-welcome", "lab-00", learner).id
+    script = b"<script>document.title = 'stolen ' + document.cookie</script>"
+    for part in ("autograded", "submitted", "feedback"):
+        (course / part / learner / "lab-00").mkdir(parents=True)
+        (course / part / learner / "lab-00" / "k.html").write_bytes(script)
+    (course / "feedback" / learner / "lab-00" / "00-welcome.html").write_bytes(b"<p>My answer. " + script)
+    (course / "autograded" / learner / "lab-00" / "plot.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    base, auth, proc = instructor_server(course)
+    try:
+        url = f"{base}/formgrader/submissions/{submission_id}/"
+        for path in ("k.html", "plot.png"):  # autograded/: served, but never as the instructor's page
+            r = requests.get(url + path, headers=auth, timeout=60)
+            policy = r.headers.get("Content-Security-Policy", "")
+            assert r.status_code == 200, f"{path}: {r.status_code}"
+            assert "sandbox" in policy and "allow-scripts" not in policy and "allow-same-origin" not in policy, \
+                f"the formgrader serves A's {path} on the instructor's origin ({r.headers.get('Content-Type')}, {policy!r})"
+        for path in (f"submitted/{learner}/lab-00/k.html", f"feedback/{learner}/lab-00/00-welcome.html", "gradebook.db"):
+            r = requests.get(url + "..%2F..%2F..%2F" + path.replace("/", "%2F"), headers=auth, timeout=60)
+            assert r.status_code == 404, f"the formgrader serves the course's {path} below a submission ({r.status_code})"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 # 10 --------------------------------------------------------------------------------------------
 BOMB = r'''
 import os, sys, time
