@@ -584,6 +584,46 @@ def test_5_the_formgrader_serves_no_learner_page_as_the_instructors(tmp_path, mo
         proc.wait()
 
 
+BIND = "import socket, sys\ntry:\n    socket.socket().bind(('127.0.0.1', int(sys.argv[1])))\n    print('bound')\nexcept OSError as e:\n    print(e.errno)"
+
+
+def test_5_no_learner_can_take_the_hubs_own_ports_while_it_restarts(tmp_path, monkeypatch):
+    """Found by the red-team pass after the fixes, on a real hub: while the hub restarts
+    (docs/workshop.md: Ctrl-C, then make hub again) the proxy keeps sending ``/hub/`` and
+    ``/services/grading/`` to the hub's and the grading service's ports on 127.0.0.1. A learner's
+    process listening there meanwhile served its own login page and grading page, with its script,
+    on the hub's origin (and the hub could not take its port back). Each of the box's own
+    addresses of a hub configured by default (the hub's, the proxy's API, the grading service's)
+    is refused to a learner's account."""
+    import errno
+    from urllib.parse import urlparse
+
+    from traitlets.config import Config
+
+    from multigpu.workshop import hubconfig
+
+    monkeypatch.setenv("MULTIGPU_HUB_ROOT", str(tmp_path))
+    for var in ("MULTIGPU_HUB_INTERNAL_PORT", "MULTIGPU_PROXY_API_PORT", "MULTIGPU_GRADING_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    c = Config()
+    hubconfig.configure(c)
+    (grading,) = c.JupyterHub.services
+    ports = {what: urlparse(url).port for what, url in (("the hub", c.JupyterHub.hub_bind_url),
+                                                         ("the proxy's API", c.ConfigurableHTTPProxy.api_url),
+                                                         ("the grading service", grading["url"]))}
+    learner = f"mgp{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/false", learner], check=True)
+    try:
+        pw = pwd.getpwnam(learner)
+        for what, port in ports.items():
+            out = subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--",
+                                  "/usr/bin/python3", "-c", BIND, str(port)], capture_output=True, text=True, timeout=60)
+            assert out.stdout.strip() == str(errno.EACCES), \
+                f"a learner may listen on {what}'s port {port} ({out.stdout.strip()}{out.stderr.strip()})"
+    finally:
+        subprocess.run(["userdel", learner], capture_output=True)
+
+
 # 10 --------------------------------------------------------------------------------------------
 BOMB = r'''
 import os, sys, time

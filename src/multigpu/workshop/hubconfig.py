@@ -55,6 +55,28 @@ def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name) or default)
 
 
+def learner_may_listen(port: int) -> bool:
+    """Whether an account without privileges may listen on ``port`` on this box."""
+    try:
+        start = int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text())
+    except (OSError, ValueError):
+        start = 1024
+    return port >= start
+
+
+def internal_ports() -> dict[str, int]:
+    """The hub's own ports on 127.0.0.1 (``layout.HUB_INTERNAL_PORT`` ...), by the variable that
+    sets each; one a learner's process may listen on is named in the hub's log."""
+    ports = {"MULTIGPU_HUB_INTERNAL_PORT": env_int("MULTIGPU_HUB_INTERNAL_PORT", layout.HUB_INTERNAL_PORT),
+             "MULTIGPU_PROXY_API_PORT": env_int("MULTIGPU_PROXY_API_PORT", layout.PROXY_API_PORT),
+             "MULTIGPU_GRADING_PORT": env_int("MULTIGPU_GRADING_PORT", layout.GRADING_PORT)}
+    for name, number in ports.items():
+        if learner_may_listen(number):
+            print(f"WARNING: {name}={number}: a learner's process may listen there while the hub restarts and "
+                  "answer on the hub's origin; use a port below 1024", file=sys.stderr, flush=True)
+    return ports
+
+
 def instructors() -> list[str]:
     return [s.strip() for s in os.environ.get("MULTIGPU_HUB_INSTRUCTORS", layout.INSTRUCTOR).split(",") if s.strip()]
 
@@ -126,10 +148,11 @@ def configure(c: Any) -> None:
     hub.state.mkdir(parents=True, exist_ok=True)
     ip = os.environ.get("MULTIGPU_HUB_IP", "127.0.0.1")
     port = env_int("MULTIGPU_HUB_PORT", 8000)
-    grading_port = env_int("MULTIGPU_GRADING_PORT", 8010)
+    internal = internal_ports()
+    grading_port = internal["MULTIGPU_GRADING_PORT"]
     c.JupyterHub.bind_url = f"http://{ip}:{port}"
-    c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{env_int('MULTIGPU_HUB_INTERNAL_PORT', 8081)}"
-    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{env_int('MULTIGPU_PROXY_API_PORT', 8001)}"
+    c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{internal['MULTIGPU_HUB_INTERNAL_PORT']}"
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{internal['MULTIGPU_PROXY_API_PORT']}"
     c.ConfigurableHTTPProxy.command = [shutil.which("configurable-http-proxy") or "configurable-http-proxy"]
     c.ConfigurableHTTPProxy.pid_file = str(hub.state / "proxy.pid")
     c.JupyterHub.db_url = f"sqlite:///{hub.state / 'jupyterhub.sqlite'}"

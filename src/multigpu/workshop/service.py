@@ -342,7 +342,7 @@ async def main() -> None:
         print(f"job {job.id} ({job.student} {job.assignment}) was cut off by a restart: queued again", flush=True)
     source = ngshare.Ngshare.from_env()
     print(f"reading submissions from {source.url if source else hub.inbound}", flush=True)
-    url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8010"))
+    url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", f"http://127.0.0.1:{layout.GRADING_PORT}"))
     app = make_app(hub, queue)
     app.listen(url.port, url.hostname)
     print(f"grading service on {url.geturl()}, grading on cores {os.environ.get('MULTIGPU_GRADING_CORES_LIST', 'any')}",
