@@ -18,6 +18,7 @@ import pwd
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -643,6 +644,61 @@ for pid in kids:
     os.waitpid(pid, 0)
 print(len(kids), error)
 '''
+
+
+SHM_HOG = r'''
+import os, sys
+chunk = b"\1" * (64 * 2**20)
+shm = open("/dev/shm/hold", "wb")
+memfd = os.memfd_create("hold")
+for i in range(int(sys.argv[1]) // 64):  # half in the sandbox's /dev/shm, half in a memory file never mapped
+    if i % 2:
+        shm.write(chunk)
+        shm.flush()
+    else:
+        os.write(memfd, chunk)
+    with open("progress", "a") as log:  # in the run folder: read after the run, whoever was killed
+        print("held", (i + 1) * 64, file=log)
+'''
+RUN_HOG = r'''
+import sys
+from pathlib import Path
+from multigpu.grading import rules, runner
+work = Path(sys.argv[1])
+rec = runner.run_untrusted(work / "train.py", work, workers=None, timeout=300, max_output_bytes=10**6, args=[sys.argv[2]],
+                           max_memory_bytes=rules.settings().max_memory_bytes, sandbox={"hidden": []})
+print(rec.tail, "memory_exceeded", rec.memory_exceeded, flush=True)
+'''
+
+
+def test_10_a_grading_job_is_bounded_in_memory_shared_memory_included(tmp_path, monkeypatch):
+    """Found by the red-team pass after the fixes: the official run's memory bound counts its
+    processes' RSS, and a train.py that writes into the sandbox's ``/dev/shm`` or ``/tmp`` (both
+    memory) or into a memory file it never maps holds memory no RSS shows (1.5 GiB against a
+    512 MiB bound, seen on this box), up to all the box has: the box's OOM killer then picks the
+    hub, the grading service or the learners' kernels. A grading job's control group, set as
+    ``grade_one`` sets it (``service.confine_job``), bounds all of it: 1 GiB here, the script asks for 2."""
+    from multigpu.running import launch
+    from multigpu.workshop import limits, service
+
+    if limits.version() is None:
+        pytest.skip("no writable cgroup hierarchy on this machine")
+    work = tmp_path / "run"
+    work.mkdir()
+    (work / "train.py").write_text(SHM_HOG)
+    group = f"grading-mga{os.getpid()}"
+    monkeypatch.setenv("MULTIGPU_GRADING_JOB_MEM_GB", "1")  # read by confine_job in the child before it starts
+    proc = launch.start([sys.executable, "-c", RUN_HOG, str(work), "2048"], env=dict(os.environ),
+                        before_exec=lambda: service.confine_job(group, None))
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+        limits.release(group)
+    progress = work / "progress"
+    held = [int(line.split()[1]) for line in (progress.read_text() if progress.exists() else "").splitlines()]
+    assert held and max(held) >= 512, f"the submission did not run as far as half the bound:\n{out[-2000:]!r}"
+    assert max(held) <= 1024, f"a submission held {max(held)} MiB of memory in a job bounded at 1 GiB:\n{out[-2000:]!r}"
 
 
 def test_10_a_fork_bomb_in_a_learner_server_stops_at_its_limit(hub):
