@@ -504,6 +504,13 @@ def test_5_the_instructors_formgrader_runs_no_script_of_a_learner(hub, hostile):
     assert f"window.MGA_{tag}_md" in page.text, "A's markdown answer is shown (as text)"  # type: ignore[attr-defined]
     for made in (f"<script>window.MGA_{tag}_md", f"window.MGA_{tag}_html", f"window.MGA_{tag}_js"):
         assert made not in page.text, f"the formgrader page carries A's script {made!r}"  # type: ignore[attr-defined]
+    # A's k.html (autograde copies it into autograded/) and A's feedback page, through the hub's proxy
+    r = s.get(url + "k.html")
+    policy = r.headers.get("Content-Security-Policy", "")
+    assert r.status_code == 404 or ("sandbox" in policy and "allow-scripts" not in policy), \
+        f"the instructor's formgrader serves A's k.html on the hub's origin ({r.status_code}, {policy!r})"
+    r = s.get(url + f"..%2F..%2F..%2Ffeedback%2F{a}%2Flab-00%2F00-welcome.html")
+    assert r.status_code == 404, f"the instructor's formgrader serves A's feedback page ({r.status_code})"
 
 
 def instructor_server(course: Path) -> tuple[str, dict[str, str], subprocess.Popen]:
@@ -828,6 +835,48 @@ while not os.path.exists(sys.argv[3]):
     except OSError:
         pass
 '''
+
+
+def test_8_the_assessments_points_come_from_the_official_grading_alone(tmp_path, monkeypatch):
+    """Found by the red-team pass after the fixes: the assessment notebook's test cells run in the
+    learner's kernel, so its autograded copy can show every test passed (a cell of the learner's
+    replaces the deferred RESULT). The official grading's points replace those (nbgrader's manual
+    scores), but only once it ran: a submission without train.py (or one whose official step
+    fails) kept the notebook's own 10/10 in the instructor's gradebook, and a resubmission wiped
+    an earlier official result the same way. The scores the job records from the autograded
+    assessment notebook (``autograde.record_scores``, with real files and a real gradebook) are 0."""
+    from nbgrader.api import Gradebook
+
+    from multigpu.workshop import autograde
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # nbgrader's gradebook runs alembic
+    hub = layout.Hub(tmp_path)
+    hub.course.mkdir()
+    nb = nbformat.read(REPO / "solutions" / "assessments" / "assessment.ipynb", as_version=4)
+    learner = "learnera"
+    with Gradebook(hub.db_url) as gb:
+        gb.add_assignment(layout.ASSESSMENT)
+        gb.add_notebook("assessment", layout.ASSESSMENT)
+        for cell in nb.cells:
+            if cell.metadata.get("nbgrader", {}).get("grade"):
+                gb.add_grade_cell(cell.metadata.nbgrader["grade_id"], "assessment", layout.ASSESSMENT,
+                                  max_score=cell.metadata.nbgrader["points"], cell_type="code")
+        gb.add_student(learner)
+    for cell in nb.cells:  # what the learner's kernel leaves in each test cell: it printed, raised nothing
+        if cell.cell_type == "code":
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ok\n")]
+    folder = hub.course / "autograded" / learner / layout.ASSESSMENT
+    folder.mkdir(parents=True)
+    nbformat.write(nb, folder / "assessment.ipynb")
+    job = jobs.Job(1, f"{learner}+{layout.ASSESSMENT}+x", learner, layout.ASSESSMENT, "x", "running", 0.0, None, None,
+                   1, "", None)
+    claimed = autograde.notebook_scores(folder)
+    assert sum(claimed["assessment"].values()) == 10, f"the forged notebook claims every test: {claimed}"
+    recorded = autograde.record_scores(hub, job, claimed)
+    with Gradebook(hub.db_url) as gb:
+        score = gb.find_submission(layout.ASSESSMENT, learner).score
+    assert recorded["score"] == 0 and score == 0, \
+        f"the assessment's points in the gradebook ({score}) come from the learner's own kernel, not the official grading"
 
 
 def test_3_handing_a_folder_over_never_follows_a_link_swapped_in_mid_walk():
