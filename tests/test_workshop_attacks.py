@@ -18,6 +18,7 @@ import pwd
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -504,6 +505,132 @@ def test_5_the_instructors_formgrader_runs_no_script_of_a_learner(hub, hostile):
     assert f"window.MGA_{tag}_md" in page.text, "A's markdown answer is shown (as text)"  # type: ignore[attr-defined]
     for made in (f"<script>window.MGA_{tag}_md", f"window.MGA_{tag}_html", f"window.MGA_{tag}_js"):
         assert made not in page.text, f"the formgrader page carries A's script {made!r}"  # type: ignore[attr-defined]
+    # A's k.html (autograde copies it into autograded/) and A's feedback page, through the hub's proxy
+    r = s.get(url + "k.html")
+    policy = r.headers.get("Content-Security-Policy", "")
+    assert r.status_code == 404 or ("sandbox" in policy and "allow-scripts" not in policy), \
+        f"the instructor's formgrader serves A's k.html on the hub's origin ({r.status_code}, {policy!r})"
+    r = s.get(url + f"..%2F..%2F..%2Ffeedback%2F{a}%2Flab-00%2F00-welcome.html")
+    assert r.status_code == 404, f"the instructor's formgrader serves A's feedback page ({r.status_code})"
+
+
+def instructor_server(course: Path) -> tuple[str, dict[str, str], subprocess.Popen]:
+    """The instructor's Jupyter server as the hub spawns it (the hub course's nbgrader config, then
+    ``jupyter/instructor``), from the hub's environment: ``(base URL, auth headers, process)``."""
+    import secrets
+    import socket
+
+    import requests
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(16)
+    env = {"HOME": str(course), "PATH": f"{HUB_PY.parent}:/usr/bin:/bin",
+           "JUPYTER_CONFIG_PATH": f"{course}:{REPO / 'jupyter' / 'instructor'}"}
+    proc = subprocess.Popen([str(HUB_PY.parent / "jupyter-server"), "--allow-root", "--no-browser", "--ip=127.0.0.1",
+                             f"--port={port}", f"--ServerApp.root_dir={course}", f"--IdentityProvider.token={token}"],
+                            env=env, cwd=course, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if requests.get(base + "/api", timeout=5).ok:
+                return base, {"Authorization": f"token {token}"}, proc
+        except requests.RequestException:
+            time.sleep(1)
+    proc.kill()
+    pytest.fail("the instructor's Jupyter server did not start")
+
+
+def test_5_the_formgrader_serves_no_learner_page_as_the_instructors(tmp_path, monkeypatch):
+    """Found by the red-team pass after the fixes: nbgrader's formgrader serves the files below
+    ``/formgrader/submissions/<id>/`` (a notebook's images) as their names say, on the hub's origin,
+    and with ``..%2F`` any file of the course. A's ``k.html`` submitted with Lab 0 is copied by
+    autograde into ``autograded/``; with ``..%2F`` A's ``k.html`` in ``submitted/`` and nbgrader's
+    feedback page of A's notebook (A's markdown as HTML) are reached too. A markdown link in A's
+    notebook, relative to the formgrader's page of it, takes the instructor there. The exact files
+    the grading leaves in the hub course, on the instructor's server as the hub spawns it."""
+    import requests
+    from nbgrader.api import Gradebook
+
+    from multigpu.workshop import course as hub_course
+
+    monkeypatch.setenv("PATH", f"{HUB_PY.parent}:{os.environ['PATH']}")  # nbgrader's gradebook runs alembic
+    course = tmp_path / "course"
+    course.mkdir()
+    db_url = f"sqlite:///{course / 'gradebook.db'}"
+    (course / "nbgrader_config.py").write_text(hub_course.COURSE_CONFIG.format(
+        course=str(course), course_id=layout.COURSE_ID, db_url=db_url, exchange=str(tmp_path / "exchange"),
+        assessment=layout.ASSESSMENT))
+    learner = "learnera"
+    with Gradebook(db_url) as gb:
+        gb.add_assignment("lab-00")
+        gb.add_notebook("00-welcome", "lab-00")
+        gb.add_student(learner)
+        gb.add_submission("lab-00", learner)
+        submission_id = gb.find_submission_notebook("00-welcome", "lab-00", learner).id
+    script = b"<script>document.title = 'stolen ' + document.cookie</script>"
+    for part in ("autograded", "submitted", "feedback"):
+        (course / part / learner / "lab-00").mkdir(parents=True)
+        (course / part / learner / "lab-00" / "k.html").write_bytes(script)
+    (course / "feedback" / learner / "lab-00" / "00-welcome.html").write_bytes(b"<p>My answer. " + script)
+    (course / "autograded" / learner / "lab-00" / "plot.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    base, auth, proc = instructor_server(course)
+    try:
+        url = f"{base}/formgrader/submissions/{submission_id}/"
+        for path in ("k.html", "plot.png"):  # autograded/: served, but never as the instructor's page
+            r = requests.get(url + path, headers=auth, timeout=60)
+            policy = r.headers.get("Content-Security-Policy", "")
+            assert r.status_code == 200, f"{path}: {r.status_code}"
+            assert "sandbox" in policy and "allow-scripts" not in policy and "allow-same-origin" not in policy, \
+                f"the formgrader serves A's {path} on the instructor's origin ({r.headers.get('Content-Type')}, {policy!r})"
+        for path in (f"submitted/{learner}/lab-00/k.html", f"feedback/{learner}/lab-00/00-welcome.html", "gradebook.db"):
+            r = requests.get(url + "..%2F..%2F..%2F" + path.replace("/", "%2F"), headers=auth, timeout=60)
+            assert r.status_code == 404, f"the formgrader serves the course's {path} below a submission ({r.status_code})"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+BIND = "import socket, sys\ntry:\n    socket.socket().bind(('127.0.0.1', int(sys.argv[1])))\n    print('bound')\nexcept OSError as e:\n    print(e.errno)"
+
+
+def test_5_no_learner_can_take_the_hubs_own_ports_while_it_restarts(tmp_path, monkeypatch):
+    """Found by the red-team pass after the fixes, on a real hub: while the hub restarts
+    (docs/workshop.md: Ctrl-C, then make hub again) the proxy keeps sending ``/hub/`` and
+    ``/services/grading/`` to the hub's and the grading service's ports on 127.0.0.1. A learner's
+    process listening there meanwhile served its own login page and grading page, with its script,
+    on the hub's origin (and the hub could not take its port back). Each of the box's own
+    addresses of a hub configured by default (the hub's, the proxy's API, the grading service's)
+    is refused to a learner's account."""
+    import errno
+    from urllib.parse import urlparse
+
+    from traitlets.config import Config
+
+    from multigpu.workshop import hubconfig
+
+    monkeypatch.setenv("MULTIGPU_HUB_ROOT", str(tmp_path))
+    for var in ("MULTIGPU_HUB_INTERNAL_PORT", "MULTIGPU_PROXY_API_PORT", "MULTIGPU_GRADING_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    c = Config()
+    hubconfig.configure(c)
+    (grading,) = c.JupyterHub.services
+    ports = {what: urlparse(url).port for what, url in (("the hub", c.JupyterHub.hub_bind_url),
+                                                         ("the proxy's API", c.ConfigurableHTTPProxy.api_url),
+                                                         ("the grading service", grading["url"]))}
+    learner = f"mgp{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/false", learner], check=True)
+    try:
+        pw = pwd.getpwnam(learner)
+        for what, port in ports.items():
+            out = subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--",
+                                  "/usr/bin/python3", "-c", BIND, str(port)], capture_output=True, text=True, timeout=60)
+            assert out.stdout.strip() == str(errno.EACCES), \
+                f"a learner may listen on {what}'s port {port} ({out.stdout.strip()}{out.stderr.strip()})"
+    finally:
+        subprocess.run(["userdel", learner], capture_output=True)
 
 
 # 10 --------------------------------------------------------------------------------------------
@@ -525,6 +652,61 @@ for pid in kids:
     os.waitpid(pid, 0)
 print(len(kids), error)
 '''
+
+
+SHM_HOG = r'''
+import os, sys
+chunk = b"\1" * (64 * 2**20)
+shm = open("/dev/shm/hold", "wb")
+memfd = os.memfd_create("hold")
+for i in range(int(sys.argv[1]) // 64):  # half in the sandbox's /dev/shm, half in a memory file never mapped
+    if i % 2:
+        shm.write(chunk)
+        shm.flush()
+    else:
+        os.write(memfd, chunk)
+    with open("progress", "a") as log:  # in the run folder: read after the run, whoever was killed
+        print("held", (i + 1) * 64, file=log)
+'''
+RUN_HOG = r'''
+import sys
+from pathlib import Path
+from multigpu.grading import rules, runner
+work = Path(sys.argv[1])
+rec = runner.run_untrusted(work / "train.py", work, workers=None, timeout=300, max_output_bytes=10**6, args=[sys.argv[2]],
+                           max_memory_bytes=rules.settings().max_memory_bytes, sandbox={"hidden": []})
+print(rec.tail, "memory_exceeded", rec.memory_exceeded, flush=True)
+'''
+
+
+def test_10_a_grading_job_is_bounded_in_memory_shared_memory_included(tmp_path, monkeypatch):
+    """Found by the red-team pass after the fixes: the official run's memory bound counts its
+    processes' RSS, and a train.py that writes into the sandbox's ``/dev/shm`` or ``/tmp`` (both
+    memory) or into a memory file it never maps holds memory no RSS shows (1.5 GiB against a
+    512 MiB bound, seen on this box), up to all the box has: the box's OOM killer then picks the
+    hub, the grading service or the learners' kernels. A grading job's control group, set as
+    ``grade_one`` sets it (``service.confine_job``), bounds all of it: 1 GiB here, the script asks for 2."""
+    from multigpu.running import launch
+    from multigpu.workshop import limits, service
+
+    if limits.version() is None:
+        pytest.skip("no writable cgroup hierarchy on this machine")
+    work = tmp_path / "run"
+    work.mkdir()
+    (work / "train.py").write_text(SHM_HOG)
+    group = f"grading-mga{os.getpid()}"
+    monkeypatch.setenv("MULTIGPU_GRADING_JOB_MEM_GB", "1")  # read by confine_job in the child before it starts
+    proc = launch.start([sys.executable, "-c", RUN_HOG, str(work), "2048"], env=dict(os.environ),
+                        before_exec=lambda: service.confine_job(group, None))
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+        limits.release(group)
+    progress = work / "progress"
+    held = [int(line.split()[1]) for line in (progress.read_text() if progress.exists() else "").splitlines()]
+    assert held and max(held) >= 512, f"the submission did not run as far as half the bound:\n{out[-2000:]!r}"
+    assert max(held) <= 1024, f"a submission held {max(held)} MiB of memory in a job bounded at 1 GiB:\n{out[-2000:]!r}"
 
 
 def test_10_a_fork_bomb_in_a_learner_server_stops_at_its_limit(hub):
@@ -654,6 +836,48 @@ while not os.path.exists(sys.argv[3]):
     except OSError:
         pass
 '''
+
+
+def test_8_the_assessments_points_come_from_the_official_grading_alone(tmp_path, monkeypatch):
+    """Found by the red-team pass after the fixes: the assessment notebook's test cells run in the
+    learner's kernel, so its autograded copy can show every test passed (a cell of the learner's
+    replaces the deferred RESULT). The official grading's points replace those (nbgrader's manual
+    scores), but only once it ran: a submission without train.py (or one whose official step
+    fails) kept the notebook's own 10/10 in the instructor's gradebook, and a resubmission wiped
+    an earlier official result the same way. The scores the job records from the autograded
+    assessment notebook (``autograde.record_scores``, with real files and a real gradebook) are 0."""
+    from nbgrader.api import Gradebook
+
+    from multigpu.workshop import autograde
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # nbgrader's gradebook runs alembic
+    hub = layout.Hub(tmp_path)
+    hub.course.mkdir()
+    nb = nbformat.read(REPO / "solutions" / "assessments" / "assessment.ipynb", as_version=4)
+    learner = "learnera"
+    with Gradebook(hub.db_url) as gb:
+        gb.add_assignment(layout.ASSESSMENT)
+        gb.add_notebook("assessment", layout.ASSESSMENT)
+        for cell in nb.cells:
+            if cell.metadata.get("nbgrader", {}).get("grade"):
+                gb.add_grade_cell(cell.metadata.nbgrader["grade_id"], "assessment", layout.ASSESSMENT,
+                                  max_score=cell.metadata.nbgrader["points"], cell_type="code")
+        gb.add_student(learner)
+    for cell in nb.cells:  # what the learner's kernel leaves in each test cell: it printed, raised nothing
+        if cell.cell_type == "code":
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ok\n")]
+    folder = hub.course / "autograded" / learner / layout.ASSESSMENT
+    folder.mkdir(parents=True)
+    nbformat.write(nb, folder / "assessment.ipynb")
+    job = jobs.Job(1, f"{learner}+{layout.ASSESSMENT}+x", learner, layout.ASSESSMENT, "x", "running", 0.0, None, None,
+                   1, "", None)
+    claimed = autograde.notebook_scores(folder)
+    assert sum(claimed["assessment"].values()) == 10, f"the forged notebook claims every test: {claimed}"
+    recorded = autograde.record_scores(hub, job, claimed)
+    with Gradebook(hub.db_url) as gb:
+        score = gb.find_submission(layout.ASSESSMENT, learner).score
+    assert recorded["score"] == 0 and score == 0, \
+        f"the assessment's points in the gradebook ({score}) come from the learner's own kernel, not the official grading"
 
 
 def test_3_handing_a_folder_over_never_follows_a_link_swapped_in_mid_walk():

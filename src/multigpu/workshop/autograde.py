@@ -236,8 +236,13 @@ def notebook_scores(folder: Path) -> dict[str, dict[str, float]]:
 
 def record_scores(hub: Hub, job: Job, scores: dict[str, dict[str, float]]) -> dict[str, Any]:
     """The scores into the instructor's gradebook, each within 0 and its cell's max score there,
-    replacing an earlier submission's."""
+    replacing an earlier submission's. The assessment's are 0: its tests ran in the learner's
+    kernel, and its points are the official grading's alone (``grading.official`` sets them; a
+    submission whose official grading did not finish keeps none)."""
     from nbgrader.api import Gradebook, MissingEntry
+
+    if job.assignment == layout.ASSESSMENT:
+        scores = {}
 
     with Gradebook(hub.db_url) as gb:
         gb.update_or_create_student(job.student, **accounts.gradebook_names(job.student))

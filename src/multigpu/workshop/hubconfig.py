@@ -52,7 +52,8 @@ LEARNER_PIDS = 1024
 
 #: What the grading service takes from the hub's environment (``make hub`` and the tests set them).
 SERVICE_VARS = ("MULTIGPU_GRADING_PROFILE", "MULTIGPU_QUICK", "MULTIGPU_QUEUE_LIMIT", "MULTIGPU_GRADING_TIMEOUT",
-                "MULTIGPU_CERTIFICATE_KEY", "MULTIGPU_GRADING_PIDS", "MULTIGPU_GRADING_MEM_GB", "MULTIGPU_SANDBOX_USER",
+                "MULTIGPU_CERTIFICATE_KEY", "MULTIGPU_GRADING_PIDS", "MULTIGPU_GRADING_MEM_GB", "MULTIGPU_GRADING_JOB_MEM_GB",
+                "MULTIGPU_SANDBOX_USER",
                 "PATH")
 #: The idle culler's defaults: a server nobody used for an hour (no open tab, no busy kernel) is
 #: stopped, checked every 5 minutes; the learner's files stay, a new login starts it again.
@@ -64,6 +65,28 @@ ACTIVITY_INTERVAL_S = 60
 
 def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name) or default)
+
+
+def learner_may_listen(port: int) -> bool:
+    """Whether an account without privileges may listen on ``port`` on this box."""
+    try:
+        start = int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text())
+    except (OSError, ValueError):
+        start = 1024
+    return port >= start
+
+
+def internal_ports() -> dict[str, int]:
+    """The hub's own ports on 127.0.0.1 (``layout.HUB_INTERNAL_PORT`` ...), by the variable that
+    sets each; one a learner's process may listen on is named in the hub's log."""
+    ports = {"MULTIGPU_HUB_INTERNAL_PORT": env_int("MULTIGPU_HUB_INTERNAL_PORT", layout.HUB_INTERNAL_PORT),
+             "MULTIGPU_PROXY_API_PORT": env_int("MULTIGPU_PROXY_API_PORT", layout.PROXY_API_PORT),
+             "MULTIGPU_GRADING_PORT": env_int("MULTIGPU_GRADING_PORT", layout.GRADING_PORT)}
+    for name, number in ports.items():
+        if learner_may_listen(number):
+            print(f"WARNING: {name}={number}: a learner's process may listen there while the hub restarts and "
+                  "answer on the hub's origin; use a port below 1024", file=sys.stderr, flush=True)
+    return ports
 
 
 def instructors() -> list[str]:
@@ -169,8 +192,8 @@ def proxy_settings() -> proxy.Settings:
     """The proxy of this hub (``multigpu workshop hub`` starts it, the hub's config points at it)."""
     tls = tls_files()
     return proxy.Settings(ip=os.environ.get("MULTIGPU_HUB_IP", "127.0.0.1"), port=env_int("MULTIGPU_HUB_PORT", 8000),
-                          api_port=env_int("MULTIGPU_PROXY_API_PORT", 8001),
-                          hub_port=env_int("MULTIGPU_HUB_INTERNAL_PORT", 8081),
+                          api_port=env_int("MULTIGPU_PROXY_API_PORT", layout.PROXY_API_PORT),
+                          hub_port=env_int("MULTIGPU_HUB_INTERNAL_PORT", layout.HUB_INTERNAL_PORT),
                           tls_cert=tls[0] if tls else "", tls_key=tls[1] if tls else "")
 
 
@@ -214,7 +237,7 @@ def configure(c: Any) -> None:
     """Fill JupyterHub's config object ``c`` (see the module doc)."""
     hub = Hub.default()
     hub.state.mkdir(parents=True, exist_ok=True)
-    grading_port = env_int("MULTIGPU_GRADING_PORT", 8010)
+    grading_port = internal_ports()["MULTIGPU_GRADING_PORT"]
     settings = proxy_settings()
     c.JupyterHub.bind_url = f"{'https' if settings.tls_cert else 'http'}://{settings.ip}:{settings.port}"
     c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{settings.hub_port}"

@@ -33,6 +33,12 @@ INSTRUCTORS_GROUP = "multigpu-instructors"
 GRADER_USER = "multigpu-grader"
 #: The hub's default instructor account (the formgrader's owner, a hub admin).
 INSTRUCTOR = "instructor"
+#: The box's own addresses of a hub (on 127.0.0.1): its API, the proxy's API, the grading
+#: service. Ports below 1024 (``net.ipv4.ip_unprivileged_port_start``), which only root may listen
+#: on: the proxy keeps sending ``/hub/`` and ``/services/grading/`` there while the hub restarts,
+#: and a learner's process listening on one meanwhile would answer on the hub's origin (a login
+#: page of its own, its script) and be sent the proxy's token.
+HUB_INTERNAL_PORT, PROXY_API_PORT, GRADING_PORT = 881, 882, 883
 
 
 def lab_assignment(notebook: str) -> str:

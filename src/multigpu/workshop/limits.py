@@ -30,12 +30,26 @@ PERIOD_US = 100_000
 #: needs what a learner server has: Lab 3 peaked at 2.9 GiB, docs/workshop.md).
 GRADING_PIDS = 1024
 GRADING_MEM_GB = 4.0
+#: What a grading job needs besides the official run it watches (the grader, torch, a held-out
+#: evaluation; not measured: an estimate, ``MULTIGPU_GRADING_JOB_MEM_GB`` replaces the total).
+GRADER_MEM_GB = 2.0
 
 
 def grading_limits() -> tuple[int, int]:
     """``(processes, memory bytes)`` of a grading (``MULTIGPU_GRADING_PIDS``, ``MULTIGPU_GRADING_MEM_GB``)."""
     pids = int(os.environ.get("MULTIGPU_GRADING_PIDS") or GRADING_PIDS)
     return pids, int(float(os.environ.get("MULTIGPU_GRADING_MEM_GB") or GRADING_MEM_GB) * 2**30)
+
+
+def grading_job_memory() -> int:
+    """A whole grading job's memory (bytes; ``MULTIGPU_GRADING_JOB_MEM_GB``): by default the official
+    run's bound (``rules``: its processes' RSS) and :data:`GRADER_MEM_GB` for the grader's own. The
+    control group counts what RSS does not: files a submission writes in the sandbox's ``/tmp``
+    and ``/dev/shm`` (memory) and memory files it never maps, which would otherwise fill the box."""
+    from multigpu.grading.rules import settings
+
+    given = os.environ.get("MULTIGPU_GRADING_JOB_MEM_GB")
+    return int(float(given) * 2**30) if given else settings().max_memory_bytes + int(GRADER_MEM_GB * 2**30)
 
 
 def split_cores(cores: list[int] | None = None, reserved: int | None = None) -> tuple[list[int], list[int]]:

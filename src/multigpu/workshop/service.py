@@ -131,6 +131,15 @@ def scan_ngshare(queue: jobs.Queue, source: ngshare.Ngshare, seen: set[str]) -> 
     return new
 
 
+def confine_job(group: str, cores: set[int] | None) -> None:
+    """In a grading job's child, before the grading starts: every process of the job in the
+    control group ``group``, on the grading cores, its processes and its memory bounded
+    (``limits.grading_limits``, ``limits.grading_job_memory``)."""
+    pids, _step_memory = limits.grading_limits()
+    limits.confine(group, os.getpid(), cores=sorted(cores or os.sched_getaffinity(0)), pids_limit=pids,
+                   mem_limit=limits.grading_job_memory())
+
+
 def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADING_TIMEOUT_S) -> jobs.Job:
     """Run ``job`` in its child process (pinned to the grading cores) and make sure it ends
     ``done`` or ``failed`` whatever the child did."""
@@ -138,14 +147,9 @@ def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADI
 
     env = dict(os.environ, MULTIGPU_HUB_ROOT=str(hub.root))
     group = f"grading-{hub.tag}"
-    pids, _memory = limits.grading_limits()
     cores = grading_cores()
-
-    def confine() -> None:  # in the child, before the grading starts: every process of the job in one group
-        limits.confine(group, os.getpid(), cores=sorted(cores or os.sched_getaffinity(0)), pids_limit=pids)
-
     proc = launch.start([sys.executable, "-m", "multigpu.cli", "workshop", "grade-job", str(job.id)], env=env,
-                        cores=cores, before_exec=confine)
+                        cores=cores, before_exec=lambda: confine_job(group, cores))
     RUNNING[job.id] = proc
     try:
         result = launch.supervise([proc], [f"job {job.id}"], timeout, echo=True, what=f"grading job {job.id}",
@@ -343,7 +347,7 @@ async def main() -> None:
         print(f"job {job.id} ({job.student} {job.assignment}) was cut off by a restart: queued again", flush=True)
     source = ngshare.Ngshare.from_env()
     print(f"reading submissions from {source.url if source else hub.inbound}", flush=True)
-    url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8010"))
+    url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", f"http://127.0.0.1:{layout.GRADING_PORT}"))
     app = make_app(hub, queue)
     app.listen(url.port, url.hostname)
     print(f"grading service on {url.geturl()}, grading on cores {os.environ.get('MULTIGPU_GRADING_CORES_LIST', 'any')}",
