@@ -194,8 +194,8 @@ def _grade(name: str, tmp: Path, settings: rules.Settings = BROKEN_SETTINGS, arg
 @pytest.mark.slow
 @pytest.mark.parametrize("name,criterion,words", [
     ("no_distributed_optimizer", "identical", "weights differ"),
-    ("no_broadcast", "identical", "weights differ"),
-    ("no_sampler", "sharded", "more than one rank"),
+    pytest.param("no_broadcast", "identical", "weights differ", marks=pytest.mark.matrix),
+    pytest.param("no_sampler", "sharded", "more than one rank", marks=pytest.mark.matrix),
     ("no_set_epoch", "sharded", "call sampler.set_epoch(epoch)"),
     ("fake_metrics", "accuracy", "the grader measured"),
     # torch DDP launched by horovodrun
@@ -294,6 +294,7 @@ def test_every_variant_edit_applies_to_the_reference(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # test_an_accuracy_fail_names_an_unscaled_or_unwarmed_learning_rate checks its message in every make test
 def test_a_rate_never_scaled_is_judged_by_the_accuracy_it_reaches(tmp_path):
     """A correct conversion at one worker's rate (no scaling, no warm-up), 3 epochs on 2 workers:
     the grader cannot tell the rate from evidence it owns, so it fails no other criterion, and
@@ -307,6 +308,7 @@ def test_a_rate_never_scaled_is_judged_by_the_accuracy_it_reaches(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 def test_the_starters_threads_are_judged_by_what_they_cost(tmp_path):
     """The starter's threads kept (every core for each worker, unpinned), 1 epoch on 2 workers:
     the grader cannot count threads, so a run that completes fails neither identical nor sharded;
@@ -715,7 +717,8 @@ def test_an_allreduce_counts_only_in_horovods_format(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["duplicate_indices", "timeline_forger", "zero_allreduce"])
+@pytest.mark.parametrize("name", [pytest.param("duplicate_indices", marks=pytest.mark.matrix), "timeline_forger",
+                                  pytest.param("zero_allreduce", marks=pytest.mark.matrix)])
 def test_the_forgeries_of_issue_31_are_failed_or_held_never_certified(name, tmp_path):
     """(b) every rank trains on all the data and lists each index of a disjoint shard `workers`
     times: sharded fails. (a) torch DDP whose rank 0 writes a Horovod-format timeline (real step
