@@ -78,15 +78,18 @@ def learner_may_listen(port: int) -> bool:
 
 def internal_ports() -> dict[str, int]:
     """The hub's own ports on 127.0.0.1 (``layout.HUB_INTERNAL_PORT`` ...), by the variable that
-    sets each; one a learner's process may listen on is named in the hub's log."""
-    ports = {"MULTIGPU_HUB_INTERNAL_PORT": env_int("MULTIGPU_HUB_INTERNAL_PORT", layout.HUB_INTERNAL_PORT),
-             "MULTIGPU_PROXY_API_PORT": env_int("MULTIGPU_PROXY_API_PORT", layout.PROXY_API_PORT),
-             "MULTIGPU_GRADING_PORT": env_int("MULTIGPU_GRADING_PORT", layout.GRADING_PORT)}
+    sets each."""
+    return {"MULTIGPU_HUB_INTERNAL_PORT": env_int("MULTIGPU_HUB_INTERNAL_PORT", layout.HUB_INTERNAL_PORT),
+            "MULTIGPU_PROXY_API_PORT": env_int("MULTIGPU_PROXY_API_PORT", layout.PROXY_API_PORT),
+            "MULTIGPU_GRADING_PORT": env_int("MULTIGPU_GRADING_PORT", layout.GRADING_PORT)}
+
+
+def warn_of_learner_ports(ports: dict[str, int]) -> None:
+    """Name in the hub's log each of its own ports a learner's process may listen on."""
     for name, number in ports.items():
         if learner_may_listen(number):
             print(f"WARNING: {name}={number}: a learner's process may listen there while the hub restarts and "
                   "answer on the hub's origin; use a port below 1024", file=sys.stderr, flush=True)
-    return ports
 
 
 def instructors() -> list[str]:
@@ -191,9 +194,9 @@ def tls_files() -> tuple[str, str] | None:
 def proxy_settings() -> proxy.Settings:
     """The proxy of this hub (``multigpu workshop hub`` starts it, the hub's config points at it)."""
     tls = tls_files()
+    internal = internal_ports()
     return proxy.Settings(ip=os.environ.get("MULTIGPU_HUB_IP", "127.0.0.1"), port=env_int("MULTIGPU_HUB_PORT", 8000),
-                          api_port=env_int("MULTIGPU_PROXY_API_PORT", layout.PROXY_API_PORT),
-                          hub_port=env_int("MULTIGPU_HUB_INTERNAL_PORT", layout.HUB_INTERNAL_PORT),
+                          api_port=internal["MULTIGPU_PROXY_API_PORT"], hub_port=internal["MULTIGPU_HUB_INTERNAL_PORT"],
                           tls_cert=tls[0] if tls else "", tls_key=tls[1] if tls else "")
 
 
@@ -237,7 +240,9 @@ def configure(c: Any) -> None:
     """Fill JupyterHub's config object ``c`` (see the module doc)."""
     hub = Hub.default()
     hub.state.mkdir(parents=True, exist_ok=True)
-    grading_port = internal_ports()["MULTIGPU_GRADING_PORT"]
+    ports = internal_ports()
+    warn_of_learner_ports(ports)
+    grading_port = ports["MULTIGPU_GRADING_PORT"]
     settings = proxy_settings()
     c.JupyterHub.bind_url = f"{'https' if settings.tls_cert else 'http'}://{settings.ip}:{settings.port}"
     c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{settings.hub_port}"

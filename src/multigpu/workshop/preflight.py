@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from multigpu.workshop import layout, limits, proxy, tls
+from multigpu.workshop import limits, proxy, tls
 from multigpu.workshop.layout import Hub
 
 #: Learners per learner core at a day's own pace (0.19 cores each: docs/workshop.md, "What a room needs").
@@ -183,7 +183,7 @@ def run(learners: int) -> list[Check]:
     checks = [Check("root", "OK" if os.geteuid() == 0 else "FAIL",
                     "running as root" if os.geteuid() == 0 else "the hub makes accounts and cgroups: run it as root")]
     checks += software() + room(learners, learner_cores, grading_cores) + isolation()
-    checks += ports(hub, settings, hubconfig.env_int("MULTIGPU_GRADING_PORT", layout.GRADING_PORT)) + disk(hub, learners)
+    checks += ports(hub, settings, hubconfig.internal_ports()["MULTIGPU_GRADING_PORT"]) + disk(hub, learners)
     checks += key_and_tls(key, hubconfig.tls_files(), settings.ip)
     return checks
 

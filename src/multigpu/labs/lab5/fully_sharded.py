@@ -155,25 +155,35 @@ class FullyShardedModel:
                    for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
 
 
-def train_stage3(shape: zero.Model, steps: int, warmup: int = 1) -> dict[str, Any]:
-    """In one Horovod worker: ``steps`` timed Adam steps of stage 3 on ``shape``."""
+def timed_steps(shape: zero.Model, model: torch.nn.Module, optimizer: Any, steps: int, warmup: int,
+                name: str) -> tuple[list[int], list[float]]:
+    """In one Horovod worker: ``warmup + steps`` training steps of ``model`` with ``optimizer`` (its
+    ``zero_grad`` and ``step``), the ranks lined up before each; the bytes each timed step sent and
+    its seconds."""
     import horovod.torch as hvd
 
     rank, n = hvd.rank(), hvd.size()
-    model = zero.build(shape)
-    sharded = FullyShardedModel(model)
     sent, times = [], []
     for step in range(warmup + steps):
         x, y = zero.batch_of(shape, step, rank, n)
-        hvd.allreduce(torch.zeros(1), name="stage 3.barrier")
+        hvd.allreduce(torch.zeros(1), name=f"{name}.barrier")
         t0 = time.perf_counter()
         with bytes_sent.counting() as counted:
-            sharded.zero_grad()
+            optimizer.zero_grad()
             F.cross_entropy(model(x), y).backward()
-            sharded.step()
+            optimizer.step()
         if step >= warmup:
             sent.append(counted())
             times.append(time.perf_counter() - t0)
+    return sent, times
+
+
+def train_stage3(shape: zero.Model, steps: int, warmup: int = 1) -> dict[str, Any]:
+    """In one Horovod worker: ``steps`` timed Adam steps of stage 3 on ``shape``."""
+
+    model = zero.build(shape)
+    sharded = FullyShardedModel(model)
+    sent, times = timed_steps(shape, model, sharded, steps, warmup, "stage 3")
     return {"weights": sharded.weights(), "state_bytes": sharded.state_bytes(), "sent": sent, "step_s": times,
             "peak_weight_bytes": sharded.memory.peak, "parameters": sum(u.numel for u in sharded.units),
             "largest_unit_bytes": max(u.nbytes for u in sharded.units)}
@@ -181,23 +191,10 @@ def train_stage3(shape: zero.Model, steps: int, warmup: int = 1) -> dict[str, An
 
 def train_data_parallel(shape: zero.Model, steps: int, warmup: int = 1) -> dict[str, Any]:
     """Plain data parallelism, the whole step measured like :func:`train_stage3`'s."""
-    import horovod.torch as hvd
 
-    rank, n = hvd.rank(), hvd.size()
     model = zero.build(shape)
     opt = zero.DataParallelAdam(model)
-    sent, times = [], []
-    for step in range(warmup + steps):
-        x, y = zero.batch_of(shape, step, rank, n)
-        hvd.allreduce(torch.zeros(1), name="dp3.barrier")
-        t0 = time.perf_counter()
-        with bytes_sent.counting() as counted:
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-        if step >= warmup:
-            sent.append(counted())
-            times.append(time.perf_counter() - t0)
+    sent, times = timed_steps(shape, model, opt, steps, warmup, "dp3")
     weights = opt.flat.flat[:opt.flat.numel].clone()
     return {"weights": weights, "state_bytes": opt.state_bytes(), "sent": sent, "step_s": times,
             "peak_weight_bytes": opt.flat.flat.untyped_storage().nbytes(), "parameters": opt.flat.numel,
