@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -118,6 +119,11 @@ def spread(values: list[float]) -> dict[str, float | None]:
             "max": round(max(values), 2) if values else None, "n": len(values)}
 
 
+def say(message: str) -> None:
+    """A progress line on stderr: the run takes most of an hour at 30 learners."""
+    print(f"[room load {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -192,8 +198,12 @@ class Room:
                                     daemon=True) for i, n in enumerate(names)]
         for t in threads:
             t.start()
+        said = time.monotonic()
         while self.arrived < len(names):
             time.sleep(0.5)
+            if time.monotonic() - said >= 15:
+                said = time.monotonic()
+                say(f"{self.arrived} of {len(names)} learners logged in with their server ready (or failed)")
         self.events["all_ready_s"] = round(time.monotonic() - t0, 2)
         ok = [n for n in names if not self.runs[n].error]
         for n, mb in memory.user_pss_mb(ok).items():
@@ -229,11 +239,15 @@ class Room:
     def drain(self, expected: int, timeout: float) -> float:
         """Seconds until ``expected`` jobs have finished (done or failed) or were replaced."""
         queue = jobs.Queue(self.hub.hub.queue_db)
-        t0 = time.monotonic()
+        t0 = said = time.monotonic()
         while time.monotonic() - t0 < timeout:
             self.maybe_restart()
-            if sum(j.state in ("done", "failed", "replaced") for j in queue.jobs()) >= expected:
+            finished = sum(j.state in ("done", "failed", "replaced") for j in queue.jobs())
+            if finished >= expected:
                 return round(time.monotonic() - t0, 2)
+            if time.monotonic() - said >= 60:
+                said = time.monotonic()
+                say(f"{finished} of {expected} gradings finished ({time.monotonic() - t0:.0f} s)")
             time.sleep(1)
         raise LearnerError(f"the grading queue did not drain {expected} jobs within {timeout:.0f} s: "
                            f"{[(j.student, j.state) for j in queue.jobs()]}")

@@ -187,27 +187,30 @@ def make(way: str, model: nn.Module, step_fn: Callable[..., None] | None = None)
 def train(way: str, shape: Model, steps: int, warmup: int = 1,
           step_fn: Callable[..., None] | None = None) -> dict[str, Any]:
     """In one Horovod worker: ``steps`` Adam steps of ``way`` on ``shape``; the weights, the
-    optimizer state's bytes, and per timed step the bytes sent by the optimizer's step and the time."""
+    optimizer state's bytes, and per timed step the bytes sent by the optimizer's step, the
+    step's time and the time of its forward and backward passes alone (``compute_s``)."""
     import horovod.torch as hvd
 
     rank, n = hvd.rank(), hvd.size()
     model = build(shape)
     opt = make(way, model, step_fn)
-    sent, times = [], []
+    sent, times, compute = [], [], []
     for step in range(warmup + steps):
         x, y = batch_of(shape, step, rank, n)
         hvd.allreduce(torch.zeros(1), name=f"{way}.barrier")  # start together
         t0 = time.perf_counter()
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
+        t1 = time.perf_counter()
         with bytes_sent.counting() as counted:
             opt.step()
         elapsed = time.perf_counter() - t0
         if step >= warmup:
             sent.append(counted())
             times.append(elapsed)
+            compute.append(t1 - t0)
     return {"weights": opt.flat.flat[:opt.flat.numel].clone(), "state_bytes": opt.state_bytes(),
-            "sent": sent, "step_s": times, "parameters": opt.flat.numel}
+            "sent": sent, "step_s": times, "compute_s": compute, "parameters": opt.flat.numel}
 
 
 def compare_worker(shape: Model, steps: int, ways: Sequence[str], rounds: int,
@@ -216,13 +219,13 @@ def compare_worker(shape: Model, steps: int, ways: Sequence[str], rounds: int,
     import horovod.torch as hvd
 
     hvd.init()
-    out: dict[str, Any] = {way: {"sent": [], "step_s": []} for way in ways}
+    out: dict[str, Any] = {way: {"sent": [], "step_s": [], "compute_s": []} for way in ways}
     for _ in range(rounds):
         for way in ways:
             run = train(way, shape, steps, step_fn=step_fn if way == "stage 2" else None)
             row = out[way]
-            row["sent"] += run["sent"]
-            row["step_s"] += run["step_s"]
+            for key in ("sent", "step_s", "compute_s"):
+                row[key] += run[key]
             row.update(weights=run["weights"], state_bytes=run["state_bytes"], parameters=run["parameters"])
     out["rank"], out["workers"] = hvd.rank(), hvd.size()
     return out
@@ -236,7 +239,8 @@ def compare(shape: Model = Model(), workers: int = 4, steps: int = 3, rounds: in
     Per way: ``max_weight_diff`` (largest difference of any rank's weights from data parallel's
     rank 0 after ``steps`` steps), ``ranks_agree`` (every rank holds the same weights),
     ``state_bytes`` (each rank's optimizer state), ``sent`` (each rank's median bytes sent by
-    the optimizer's step), ``step_s`` (the slowest rank's median step time) and the samples.
+    the optimizer's step), ``step_s`` (the slowest rank's median step time) and the samples
+    (also ``compute_s``: each step's forward and backward passes alone).
     """
     from multigpu.running import launch
 
@@ -257,7 +261,7 @@ def compare(shape: Model = Model(), workers: int = 4, steps: int = 3, rounds: in
             "state_bytes": [r["state_bytes"] for r in rows],
             "sent": [statistics.median(r["sent"]) for r in rows],
             "step_s": max(statistics.median(r["step_s"]) for r in rows),
-            "samples": {"sent": [r["sent"] for r in rows], "step_s": [r["step_s"] for r in rows]},
+            "samples": {key: [r[key] for r in rows] for key in ("sent", "step_s", "compute_s")},
         }
     return result
 
