@@ -177,4 +177,8 @@ def test_the_sharding_section_measures_zero_against_data_parallelism_side_by_sid
     assert figures["bytes per step, stage 1 (all-reduce + all-gather) / data parallel"].spread.median == pytest.approx(1.5, abs=0.05)
     steps = figures["step time, stage 2 / data parallel"]
     assert steps.target == bench.Target("<=", 1.3) and len(steps.samples) == 3  # 1 round of 3 steps, paired
+    share = figures["forward and backward / the whole step, data parallel"].samples
+    bound = figures["step time, stage 2 with its forward and backward wholly hidden / data parallel"].samples
+    assert len(share) == len(bound) == 3 and all(0 < x < 1 for x in share)
+    assert all(b < s for b, s in zip(bound, steps.samples))  # the bound is below the step it bounds
     assert all(math.isfinite(x) and x > 0 for f in section.figures for x in f.samples)

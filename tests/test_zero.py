@@ -70,6 +70,8 @@ def test_sharded_adam_trains_like_data_parallel_with_a_quarter_of_the_state_and_
     for way in (dp, one, two):
         assert way["ranks_agree"]
         assert way["max_weight_diff"] < 1e-5
+        for compute, whole in zip(way["samples"]["compute_s"], way["samples"]["step_s"]):
+            assert len(compute) == len(whole) == 3 and all(0 < c < t for c, t in zip(compute, whole)), (compute, whole)
     for stage in (one, two):
         ratio = max(stage["state_bytes"]) / max(dp["state_bytes"])
         assert ratio == pytest.approx(0.25, abs=1e-4), ratio
