@@ -138,6 +138,25 @@ def test_jpegfolder_on_any_imagefolder(tmp_path):
         data.JPEGFolder(tmp_path / "missing")
 
 
+def test_first_per_class_keeps_the_first_images_of_each_class_and_the_folder_whole(tmp_path):
+    ds = data.JPEGFolder(make_folder(tmp_path / "imgs"))
+    two = ds.first_per_class(2)
+    assert two.samples == [ds.samples[0], ds.samples[1], ds.samples[3], ds.samples[4]]
+    assert two.targets == [0, 0, 1, 1] and two.classes == ds.classes and len(ds) == 6
+    assert two[3][1] == 1 and len(ds.first_per_class(10)) == 6
+
+
+def test_the_scripts_take_a_slice_of_a_given_folder_per_class(tmp_path):
+    from multigpu.running.scripts import common
+
+    root = data.generate_dataset(tmp_path / "d", seed=1, progress=False, **SMALL)
+    args = common.parser("t").parse_args(["--data", str(root), "--train-per-class", "3", "--val-per-class", "1"])
+    train, val = common.datasets(args, 0)
+    assert len(train) == 3 * 3 and len(val) == 3 * 1 and sorted(set(train.targets)) == [0, 1, 2]
+    whole, _ = common.datasets(common.parser("t").parse_args(["--data", str(root)]), 0)
+    assert len(whole) == 3 * 4
+
+
 def test_val_transform_normalises_exactly():
     img = Image.new("RGB", (64, 48), (255, 0, 128))
     x = data.val_transform(32)(img)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 from collections.abc import Callable, Sequence, Sized
@@ -84,6 +85,18 @@ class JPEGFolder(Dataset):
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def first_per_class(self, count: int) -> JPEGFolder:
+        """The same folder limited to the first ``count`` images (in file-name order) of each class."""
+        subset = copy.copy(self)
+        taken: dict[int, int] = {}
+        subset.samples = []
+        for path, label in self.samples:
+            if taken.get(label, 0) < count:
+                taken[label] = taken.get(label, 0) + 1
+                subset.samples.append((path, label))
+        subset.targets = [label for _, label in subset.samples]
+        return subset
 
     def read(self, index: int) -> bytes:
         """Stage 1: the raw bytes of image ``index``."""

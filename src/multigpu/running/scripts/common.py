@@ -45,11 +45,15 @@ def checksum(model: torch.nn.Module) -> float:
 
 def datasets(args: argparse.Namespace, rank: int) -> tuple[Any, Any]:
     """``(train_set, val_set)`` from the options: synthetic images (no validation set), an
-    ImageFolder root, or the course's generated set (rank 0 shows the progress of generating it)."""
+    ImageFolder root (the first K images of each class with ``--train-per-class K``, likewise
+    ``--val-per-class``), or the course's generated set of that size (rank 0 shows the progress of
+    generating it)."""
     size = models.default_image_size(args.model)
     if args.synthetic:
         return data.SyntheticImages(args.synthetic, size, seed=args.seed), None
-    root = args.data or data.ensure_dataset(
-        train_per_class=args.train_per_class, val_per_class=args.val_per_class, progress=rank == 0
-    )
+    if args.data:  # a folder of your own; --train-per-class / --val-per-class take a slice of it
+        train, val = data.load_datasets(args.data, image_size=size)
+        return (train.first_per_class(args.train_per_class) if args.train_per_class else train,
+                val.first_per_class(args.val_per_class) if args.val_per_class else val)
+    root = data.ensure_dataset(train_per_class=args.train_per_class, val_per_class=args.val_per_class, progress=rank == 0)
     return data.load_datasets(root, image_size=size)

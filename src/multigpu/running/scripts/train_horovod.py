@@ -17,7 +17,8 @@ Command line (stable: Lab 3, its tests and the assessment rely on it):
                           number of workers after a linear warm-up
     --warmup-epochs W     warm-up length in epochs (default 1.0; 0 = none)
     --data DIR            an ImageFolder root with train/ and val/ (default: the generated set)
-    --train-per-class K / --val-per-class V   size of the generated set (default: the course's)
+    --train-per-class K / --val-per-class V   size of the generated set (default: the course's);
+                          with --data, the first K (V) images of each class of that folder
     --synthetic N         train on N in-memory random images (compute-only timing, no validation)
     --max-steps S         at most S steps per epoch
     --model NAME          alexnet_small (default) or alexnet
