@@ -61,6 +61,27 @@ def test_train_lowers_loss_and_returns_all_keys():
     assert h["steps"] == 24 and all(r > 0 for r in h["images_per_s"])
 
 
+def test_stop_at_target_ends_after_the_epoch_that_reached_it():
+    torch.manual_seed(0)
+    ds = tiny_problem()
+    kwargs = dict(epochs=6, progress=False, verbose=False, untimed_steps=1)
+    model = tiny_model()
+    full = training.train(model, data.make_loader(ds, 8), data.make_loader(ds, 16),
+                          optimizer=torch.optim.SGD(model.parameters(), lr=0.05), target_accuracy=0.9, **kwargs)
+    torch.manual_seed(0)
+    model = tiny_model()
+    short = training.train(model, data.make_loader(ds, 8), data.make_loader(ds, 16),
+                           optimizer=torch.optim.SGD(model.parameters(), lr=0.05), target_accuracy=0.9,
+                           stop_at_target=True, **kwargs)
+    reached = next(i for i, acc in enumerate(full["val_acc"]) if acc >= 0.9) + 1
+    assert reached < 6 and short["epoch"] == list(range(1, reached + 1)) and short["steps"] == 8 * reached
+    assert short["time_to_accuracy_s"] == pytest.approx(sum(short["epoch_time_s"]))
+    model = tiny_model()  # a target never reached: every epoch runs
+    never = training.train(model, data.make_loader(ds, 8), None, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                           target_accuracy=0.9, stop_at_target=True, **kwargs)
+    assert len(never["epoch"]) == 6 and never["time_to_accuracy_s"] is None
+
+
 def test_train_uses_average_and_world_size():
     ds = tiny_problem(32)
     names: list[str] = []

@@ -140,6 +140,7 @@ def train(
     max_steps_per_epoch: int | None = None,
     verbose: bool = True,
     on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
+    stop_at_target: bool = False,
 ) -> dict[str, Any]:
     """Train ``model`` for ``epochs`` and return a history dict (one list entry per epoch).
 
@@ -156,7 +157,8 @@ def train(
     epoch, without evaluation), ``lr`` (at the end of the epoch), ``elapsed_s`` (wall time since
     the start, evaluation included); scalars ``time_to_accuracy_s`` (training time, i.e. the
     sum of ``epoch_time_s``, until the first epoch whose ``val_acc >= target_accuracy``; None if
-    never reached or no target), ``target_accuracy``, ``world_size``, ``steps``.
+    never reached or no target), ``target_accuracy``, ``world_size``, ``steps``. With
+    ``stop_at_target`` training ends after the epoch that reached ``target_accuracy``.
     """
     loop = _Loop(model, optimizer, torch.device(device), loss_fn or nn.functional.cross_entropy, lr_schedule,
                  average or _identity, rank == 0, world_size, epochs, _steps_per_epoch(train_loader, max_steps_per_epoch),
@@ -177,6 +179,8 @@ def train(
             history["time_to_accuracy_s"] = train_time
         if on_epoch_end is not None:
             on_epoch_end(record)
+        if stop_at_target and history["time_to_accuracy_s"] is not None:
+            break  # every rank stops at the same epoch: the accuracy it compares is the averaged one
     return history
 
 

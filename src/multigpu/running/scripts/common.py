@@ -26,6 +26,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--model", default=training.REFERENCE.model)
     p.add_argument("--target-accuracy", type=float, default=training.REFERENCE.target_accuracy)
+    p.add_argument("--stop-at-target", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--fp16-allreduce", action="store_true")

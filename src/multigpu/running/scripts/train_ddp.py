@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
         epochs=args.epochs, optimizer=optimizer, device=device, lr_schedule=schedule,
         sampler=sampler, rank=rank, world_size=size,  # DDP: rank 0 logs, throughput x size
         average=average, progress=not args.quiet, target_accuracy=args.target_accuracy,
-        max_steps_per_epoch=args.max_steps,
+        max_steps_per_epoch=args.max_steps, stop_at_target=args.stop_at_target,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ Command line (stable: Lab 3, its tests and the assessment rely on it):
     --max-steps S         at most S steps per epoch
     --model NAME          alexnet_small (default) or alexnet
     --target-accuracy A   validation accuracy that stops the time-to-accuracy clock (default 0.9)
+    --stop-at-target      end the run after the epoch that reached it
     --seed S              seed (each rank adds its rank for its own augmentation and dropout)
     --threads T           torch threads per worker (default: cores shared among local workers)
     --fp16-allreduce      compress gradients to float16 for the all-reduce
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
         epochs=args.epochs, optimizer=optimizer, device=device, lr_schedule=schedule,
         sampler=sampler, rank=rank, world_size=size,  # Horovod: rank 0 logs, throughput x size
         average=average, progress=not args.quiet, target_accuracy=args.target_accuracy,
-        max_steps_per_epoch=args.max_steps, on_epoch_end=on_epoch_end,
+        max_steps_per_epoch=args.max_steps, stop_at_target=args.stop_at_target, on_epoch_end=on_epoch_end,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
