@@ -148,6 +148,8 @@ def test_the_room_load_test_grades_every_submission_once_through_a_hub_restart(t
     out = subprocess.run([str(HUB_PY), "-m", "multigpu.cli", "workshop", "load", "--learners", "2", "--within", "2",
                           "--restart-hub", "--report", str(report)], env=env, capture_output=True, text=True, timeout=3600)
     assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    said = [line for line in out.stderr.splitlines() if line.startswith("[room load ")]
+    assert any("one learner alone first" in line for line in said) and any("wave 2" in line for line in said), said
     r = json.loads(report.with_suffix(".json").read_text())
     assert r["complete"] and r["graded_once"]["ok"] and r["failed_spawns"] == 0, (r["graded_once"], r["errors"])
     assert r["events"]["restart"]["proxy_kept"], "the hub restart left the proxy (and the learners' connections) alone"
