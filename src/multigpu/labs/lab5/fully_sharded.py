@@ -155,35 +155,11 @@ class FullyShardedModel:
                    for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
 
 
-def timed_steps(shape: zero.Model, model: torch.nn.Module, optimizer: Any, steps: int, warmup: int,
-                name: str) -> tuple[list[int], list[float]]:
-    """In one Horovod worker: ``warmup + steps`` training steps of ``model`` with ``optimizer`` (its
-    ``zero_grad`` and ``step``), the ranks lined up before each; the bytes each timed step sent and
-    its seconds."""
-    import horovod.torch as hvd
-
-    rank, n = hvd.rank(), hvd.size()
-    sent, times = [], []
-    for step in range(warmup + steps):
-        x, y = zero.batch_of(shape, step, rank, n)
-        hvd.allreduce(torch.zeros(1), name=f"{name}.barrier")
-        t0 = time.perf_counter()
-        with bytes_sent.counting() as counted:
-            optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            optimizer.step()
-        if step >= warmup:
-            sent.append(counted())
-            times.append(time.perf_counter() - t0)
-    return sent, times
-
-
 def train_stage3(shape: zero.Model, steps: int, warmup: int = 1) -> dict[str, Any]:
     """In one Horovod worker: ``steps`` timed Adam steps of stage 3 on ``shape``."""
-
     model = zero.build(shape)
     sharded = FullyShardedModel(model)
-    sent, times = timed_steps(shape, model, sharded, steps, warmup, "stage 3")
+    sent, times, _ = zero.timed_steps(shape, model, sharded, steps, warmup, "stage 3", count_passes=True)
     return {"weights": sharded.weights(), "state_bytes": sharded.state_bytes(), "sent": sent, "step_s": times,
             "peak_weight_bytes": sharded.memory.peak, "parameters": sum(u.numel for u in sharded.units),
             "largest_unit_bytes": max(u.nbytes for u in sharded.units)}
@@ -191,10 +167,9 @@ def train_stage3(shape: zero.Model, steps: int, warmup: int = 1) -> dict[str, An
 
 def train_data_parallel(shape: zero.Model, steps: int, warmup: int = 1) -> dict[str, Any]:
     """Plain data parallelism, the whole step measured like :func:`train_stage3`'s."""
-
     model = zero.build(shape)
     opt = zero.DataParallelAdam(model)
-    sent, times = timed_steps(shape, model, opt, steps, warmup, "dp3")
+    sent, times, _ = zero.timed_steps(shape, model, opt, steps, warmup, "dp3", count_passes=True)
     weights = opt.flat.flat[:opt.flat.numel].clone()
     return {"weights": weights, "state_bytes": opt.state_bytes(), "sent": sent, "step_s": times,
             "peak_weight_bytes": opt.flat.flat.untyped_storage().nbytes(), "parameters": opt.flat.numel,

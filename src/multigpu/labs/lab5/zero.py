@@ -184,31 +184,42 @@ def make(way: str, model: nn.Module, step_fn: Callable[..., None] | None = None)
     return ShardedAdam(model, step_fn=step_fn or sharded_step)
 
 
-def train(way: str, shape: Model, steps: int, warmup: int = 1,
-          step_fn: Callable[..., None] | None = None) -> dict[str, Any]:
-    """In one Horovod worker: ``steps`` Adam steps of ``way`` on ``shape``; the weights, the
-    optimizer state's bytes, and per timed step the bytes sent by the optimizer's step, the
-    step's time and the time of its forward and backward passes alone (``compute_s``)."""
+def timed_steps(shape: Model, model: nn.Module, optimizer: Any, steps: int, warmup: int, name: str,
+                *, count_passes: bool = False) -> tuple[list[int], list[float], list[float]]:
+    """In one Horovod worker: ``warmup + steps`` training steps of ``model`` with ``optimizer`` (its
+    ``zero_grad`` and ``step``), the ranks lined up before each. Per timed step: the bytes it sent
+    (the optimizer's step alone; with ``count_passes`` the whole step, for a way that communicates
+    in forward and backward too), its seconds, and the seconds of its forward and backward passes."""
     import horovod.torch as hvd
 
     rank, n = hvd.rank(), hvd.size()
-    model = build(shape)
-    opt = make(way, model, step_fn)
     sent, times, compute = [], [], []
     for step in range(warmup + steps):
         x, y = batch_of(shape, step, rank, n)
-        hvd.allreduce(torch.zeros(1), name=f"{way}.barrier")  # start together
+        hvd.allreduce(torch.zeros(1), name=f"{name}.barrier")  # start together
         t0 = time.perf_counter()
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        t1 = time.perf_counter()
-        with bytes_sent.counting() as counted:
-            opt.step()
+        with bytes_sent.counting() as whole:
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            t1 = time.perf_counter()
+            with bytes_sent.counting() as at_step:
+                optimizer.step()
         elapsed = time.perf_counter() - t0
         if step >= warmup:
-            sent.append(counted())
+            sent.append(whole() if count_passes else at_step())
             times.append(elapsed)
             compute.append(t1 - t0)
+    return sent, times, compute
+
+
+def train(way: str, shape: Model, steps: int, warmup: int = 1,
+          step_fn: Callable[..., None] | None = None) -> dict[str, Any]:
+    """In one Horovod worker: ``steps`` Adam steps of ``way`` on ``shape``; the weights, the
+    optimizer state's bytes, and per timed step (:func:`timed_steps`) the bytes sent by the
+    optimizer's step, the step's time and the time of its forward and backward passes alone."""
+    model = build(shape)
+    opt = make(way, model, step_fn)
+    sent, times, compute = timed_steps(shape, model, opt, steps, warmup, way)
     return {"weights": opt.flat.flat[:opt.flat.numel].clone(), "state_bytes": opt.state_bytes(),
             "sent": sent, "step_s": times, "compute_s": compute, "parameters": opt.flat.numel}
 
