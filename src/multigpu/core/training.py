@@ -173,15 +173,18 @@ def train(
             set_epoch(epoch)
         record, epoch_time = loop.epoch(epoch, train_loader, val_loader, history, t_start)
         train_time += epoch_time
-        val_acc = record["val_acc"]
-        if target_accuracy is not None and history["time_to_accuracy_s"] is None and val_acc is not None \
-                and val_acc >= target_accuracy:
-            history["time_to_accuracy_s"] = train_time
+        _note_target(history, record["val_acc"], target_accuracy, train_time)
         if on_epoch_end is not None:
             on_epoch_end(record)
         if stop_at_target and history["time_to_accuracy_s"] is not None:
             break  # every rank stops at the same epoch: the accuracy it compares is the averaged one
     return history
+
+
+def _note_target(history: dict[str, Any], val_acc: float | None, target: float | None, train_time: float) -> None:
+    """Record ``time_to_accuracy_s`` at the first epoch whose validation accuracy reaches ``target``."""
+    if target is not None and history["time_to_accuracy_s"] is None and val_acc is not None and val_acc >= target:
+        history["time_to_accuracy_s"] = train_time
 
 
 HISTORY_KEYS = (

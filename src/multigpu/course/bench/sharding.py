@@ -58,7 +58,14 @@ def bench_sharding(plan: Plan, deadline: float) -> Section:
         f"Weights after training, largest difference from data parallelism: stage 1 {one['max_weight_diff']:.2g}, "
         f"stage 2 {two['max_weight_diff']:.2g}, stage 3 {three['max_weight_diff']:.2g}.",
     ]
-    section.figures = [
+    section.figures = sharding_figures(dp, one, two, dp3, three, ops)
+    return section
+
+
+def sharding_figures(dp: dict[str, Any], one: dict[str, Any], two: dict[str, Any], dp3: dict[str, Any],
+                     three: dict[str, Any], ops: dict[str, list[float]]) -> list[Figure]:
+    """The section's figures: each way's bytes, times and memory over data parallelism's, step by step."""
+    return [
         Figure("optimizer state per rank, stage 2 / data parallel", "ratio",
                [max(two["state_bytes"]) / max(dp["state_bytes"])], Target("<=", 0.2501)),
         Figure("bytes per step, stage 2 / data parallel", "ratio",
@@ -88,4 +95,3 @@ def bench_sharding(plan: Plan, deadline: float) -> Section:
         Figure("training step, data parallel (slowest rank)", "ms", [1e3 * t for t in per_step(dp, "step_s", max)]),
         Figure("training step, stage 2 (slowest rank)", "ms", [1e3 * t for t in per_step(two, "step_s", max)]),
     ]
-    return section
