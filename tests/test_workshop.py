@@ -312,3 +312,39 @@ def test_a_grading_cut_off_by_a_service_stop_stays_running_and_is_graded_again(t
     assert [j.id for j in q.recover()] == [job.id]
     assert q.take().id == job.id
 
+
+
+@pytest.mark.slow
+def test_a_notebook_that_sleeps_gives_the_grader_back_at_its_assignments_limit(tmp_path, monkeypatch):
+    """Real nbgrader with the hub course's settings (a cell may run 30 minutes): a submitted notebook
+    whose cell sleeps is stopped at the assignment's budget, per notebook, with a message, and
+    nothing of it keeps running."""
+    import json
+    import subprocess
+
+    from multigpu.workshop import autograde
+
+    root = tmp_path / "course"
+    (root / "source" / "lab-00").mkdir(parents=True)
+    (root / "nbgrader_config.py").write_text(course.COURSE_CONFIG.format(
+        course=str(root), course_id="multigpu", db_url=f"sqlite:///{root / 'gradebook.db'}",
+        exchange=str(root / "no-exchange"), assessment=layout.ASSESSMENT))
+    notebook = {"cells": [], "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                        "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
+    (root / "source" / "lab-00" / "00-welcome.ipynb").write_text(json.dumps(notebook))
+    autograde.run_nbgrader(["generate_assignment", "lab-00", "--force"], root, what="nbgrader generate_assignment")
+    submitted = root / "submitted" / "ana" / "lab-00"
+    submitted.mkdir(parents=True)
+    notebook["cells"] = [{"cell_type": "code", "execution_count": None, "id": "sleeps", "metadata": {}, "outputs": [],
+                          "source": "import time\ntime.sleep(600)"}]
+    (submitted / "00-welcome.ipynb").write_text(json.dumps(notebook))
+    monkeypatch.setenv("MULTIGPU_GRADING_NOTEBOOK_S", "20")
+    budget = autograde.autograde_budget(root / "release" / "lab-00")
+    assert budget == 20
+    start = time.monotonic()
+    with pytest.raises(autograde.JobFailed, match="stopped after 20 s, its limit .* scores nothing"):
+        autograde.run_nbgrader(["autograde", "lab-00", "--student", "ana", "--force"], root,
+                               what="nbgrader autograde", timeout=budget)
+    assert time.monotonic() - start < 60
+    left = subprocess.run(["pgrep", "-f", str(root)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of the stopped grading still run (its kernel): {left}"

@@ -43,8 +43,14 @@ from multigpu.workshop import accounts, layout, limits, safefiles
 from multigpu.workshop.jobs import Job
 from multigpu.workshop.layout import Hub
 
-#: nbgrader's limit per grading step (the labs' cells bound themselves; this is the outer bound).
-STEP_TIMEOUT_S = 3600
+#: The longest one notebook of an assignment may take to autograde (``MULTIGPU_GRADING_NOTEBOOK_S``):
+#: every solution notebook runs in under 5 minutes at default parameters on the 2-core reference
+#: machine (``make bench``, section ``course``) and a grading has one core (``make hub``'s layout),
+#: so 4x the 5 minutes. A notebook that sleeps or loops gives the queue back after this, not an hour.
+NOTEBOOK_BUDGET_S = 20 * 60
+#: The limit of nbgrader's steps that run no learner code (generate_assignment, generate_feedback,
+#: release_feedback).
+STEP_TIMEOUT_S = 600
 #: The most a notebook may weigh when its scores are read back (outputs included).
 MAX_NOTEBOOK_BYTES = safefiles.SUBMISSION.file_bytes
 #: The outputs an autograded notebook keeps in the instructor's course: text and raster images.
@@ -74,12 +80,21 @@ def hidden_from_learners(hub: Hub) -> list[Path]:
     return [hub.root, *(k.expanduser().resolve().parent for k in keys)]
 
 
+def autograde_budget(assignment: Path) -> float:
+    """Seconds ``nbgrader autograde`` may take for the assignment whose notebooks are in ``assignment``:
+    :data:`NOTEBOOK_BUDGET_S` (or ``MULTIGPU_GRADING_NOTEBOOK_S``) per notebook."""
+    per_notebook = float(os.environ.get("MULTIGPU_GRADING_NOTEBOOK_S") or NOTEBOOK_BUDGET_S)
+    return per_notebook * max(1, len(list(assignment.glob("*.ipynb"))))
+
+
 def run_nbgrader(args: list[str], cwd: Path, *, what: str, user: str | None = None, home: Path | None = None,
-                 sandbox_hidden: list[Path] | None = None, group: str | None = None) -> str:
+                 sandbox_hidden: list[Path] | None = None, group: str | None = None,
+                 timeout: float = STEP_TIMEOUT_S) -> str:
     """``nbgrader ARGS`` in ``cwd`` (HOME ``home``, else ``cwd``) through ``multigpu.running.launch``:
     as root, as ``user``, or, with ``sandbox_hidden``, as ``user`` inside the grading sandbox with
     ``cwd`` its one writable folder; in the control group ``group`` (killed and removed when the
-    step ends)."""
+    step ends). A step still running after ``timeout`` seconds is killed, every process of it, and
+    fails the job with that limit in its message."""
     from multigpu.grading import sandbox
     from multigpu.running import launch
 
@@ -99,11 +114,15 @@ def run_nbgrader(args: list[str], cwd: Path, *, what: str, user: str | None = No
 
     proc = launch.start(argv, env=env(home or cwd), cwd=cwd, before_exec=confine)
     try:
-        result = launch.supervise([proc], ["nbgrader"], STEP_TIMEOUT_S, echo=False, what=what,
-                                  raise_on_timeout=False)
+        result = launch.supervise([proc], ["nbgrader"], timeout, echo=False, what=what, raise_on_timeout=False)
     finally:
         if group is not None:
             limits.release(group)
+    if result.timed_out:
+        limit = f"{timeout / 60:.0f} min" if timeout >= 120 else f"{timeout:.0f} s"
+        raise JobFailed(f"{what} was stopped after {limit}, its limit (each solution notebook runs "
+                        "in under 5 min): this submission scores nothing. A cell that waits or loops without end "
+                        "is the usual cause.")
     if result.returncodes[0] != 0:
         tail = "\n".join(result.output[-15:])
         raise JobFailed(f"{what} failed (exit {result.returncodes[0]}):\n{tail}")
@@ -148,14 +167,14 @@ def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -
     scratch = scratch_course(hub, job, submitted)
     hidden = hidden_from_learners(hub)
 
-    def sandboxed(verb: str) -> None:
+    def sandboxed(verb: str, timeout: float) -> None:
         run_nbgrader([verb, job.assignment, "--student", job.student, "--force"], scratch, what=f"nbgrader {verb}",
-                     user=layout.GRADER_USER, sandbox_hidden=hidden, group=f"autograde-{hub.tag}")
+                     user=layout.GRADER_USER, sandbox_hidden=hidden, group=f"autograde-{hub.tag}", timeout=timeout)
 
     try:
         log("autograding the notebooks (nbgrader runs them as the grading account, sandboxed)")
-        sandboxed("autograde")
-        sandboxed("generate_feedback")
+        sandboxed("autograde", autograde_budget(scratch / "source" / job.assignment))
+        sandboxed("generate_feedback", STEP_TIMEOUT_S)
         take_back(hub, job, scratch)
     finally:
         shutil.rmtree(scratch.parent, ignore_errors=True)
