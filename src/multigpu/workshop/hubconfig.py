@@ -29,12 +29,13 @@ learners and certificate verifiers use, when it is not ``http(s)://IP:PORT``).
 from __future__ import annotations
 
 import os
+import pwd
 import sys
 from pathlib import Path
 from typing import Any
 
 from multigpu.core import layout as course_layout
-from multigpu.workshop import jobs, layout, limits, proxy, spawnqueue
+from multigpu.workshop import jobs, layout, limits, proxy, safefiles, spawnqueue
 from multigpu.workshop.layout import Hub
 
 try:
@@ -52,9 +53,12 @@ LEARNER_PIDS = 1024
 
 #: What the grading service takes from the hub's environment (``make hub`` and the tests set them).
 SERVICE_VARS = ("MULTIGPU_GRADING_PROFILE", "MULTIGPU_QUICK", "MULTIGPU_QUEUE_LIMIT", "MULTIGPU_GRADING_TIMEOUT",
+                "MULTIGPU_GRADING_NOTEBOOK_S",
                 "MULTIGPU_CERTIFICATE_KEY", "MULTIGPU_GRADING_PIDS", "MULTIGPU_GRADING_MEM_GB", "MULTIGPU_GRADING_JOB_MEM_GB",
                 "MULTIGPU_SANDBOX_USER",
                 "PATH")
+#: The box's shared memory folder: a learner's files there are removed when their server stops.
+SHARED_MEMORY = Path("/dev/shm")
 #: The idle culler's defaults: a server nobody used for an hour (no open tab, no busy kernel) is
 #: stopped, checked every 5 minutes; the learner's files stay, a new login starts it again.
 CULL_TIMEOUT_S = 3600
@@ -166,6 +170,8 @@ class WorkshopSpawner(LocalProcessSpawner):
     async def stop(self, now: bool = False) -> None:
         await super().stop(now=now)
         limits.release(f"user-{self.user.name}")
+        if not self.is_instructor():  # memory files outlive their server and count against no one once it is gone
+            safefiles.remove_owned(SHARED_MEMORY, pwd.getpwnam(self.user.name).pw_uid)
 
     def make_preexec_fn(self, name: str) -> Any:
         become = super().make_preexec_fn(name)
