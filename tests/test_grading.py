@@ -118,6 +118,12 @@ def test_a_fifo_or_a_symlink_named_like_a_checkpoint_is_refused_not_waited_on(tm
     link.symlink_to(target)
     with pytest.raises(ValueError, match="cannot be opened"):
         grader.load_checkpoint(link)
+    others = tmp_path / "another-run"
+    others.mkdir()
+    torch.save({"model": {"w": torch.zeros(2)}, "indices": [0]}, others / "rank-0-epoch-1.pt")
+    folder = tmp_path / "checkpoints"
+    folder.symlink_to(others)  # the run's folder made a link to another run's: none of its files count
+    assert grader.find_checkpoints(others) and grader.find_checkpoints(folder) == {}
 
 
 def test_state_difference_finds_the_tensor_that_differs():

@@ -84,9 +84,11 @@ def _state_names(model_name: str) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def find_checkpoints(folder: Path) -> dict[tuple[int, int], Path]:
-    """The checkpoints a run left in ``folder``: ``(rank, epoch) -> path``."""
+    """The checkpoints a run left in ``folder``: ``(rank, epoch) -> path``. A ``folder`` that is a
+    symbolic link (the run's processes could make it one: to another learner's run, to root's files)
+    holds none; a checkpoint that is a link is found, and refused by :func:`load_checkpoint`."""
     out = {}
-    for p in folder.glob("rank-*-epoch-*.pt") if folder.is_dir() else []:
+    for p in folder.glob("rank-*-epoch-*.pt") if folder.is_dir() and not folder.is_symlink() else []:
         m = runner.CHECKPOINT.match(p.name)
         if m:
             out[(int(m.group(1)), int(m.group(2)))] = p
