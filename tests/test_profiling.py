@@ -92,3 +92,20 @@ def test_step_options_side_by_side_and_a_failing_option_reported():
     assert "failed: NotImplementedError" in profiling.format_step_options(rows)
     with pytest.raises(ValueError, match="unknown option"):
         profiling.compare_step_options("alexnet_small", _amp_step, options=["float64"])
+
+
+def test_a_slow_option_runs_one_step_a_round_once_a_round_passes_its_time():
+    import time
+
+    calls = []
+
+    def slow_amp_step(*args):  # autocast on a CPU without bfloat16 instructions: many times float32's step
+        calls.append(1)
+        time.sleep(0.3)
+        return _amp_step(*args)
+
+    rows = profiling.compare_step_options("alexnet_small", slow_amp_step, batch_size=8, steps=5, repeats=2,
+                                          options=("float32", "mixed precision"), round_s=0.2)
+    assert len(calls) == 2 + 2 * 1, "two first steps, then one step in each of the 2 rounds"
+    fast, slow = rows
+    assert slow["images_per_s"] < 8 / 0.3 and slow["speedup"] < 1 and fast["images_per_s"] > slow["images_per_s"]

@@ -22,6 +22,9 @@ STEP_OPTIONS: tuple[str, ...] = ("float32", "mixed precision", "channels_last", 
 #: The same without ``torch.compile`` (whose first step compiles for tens of seconds).
 EAGER_OPTIONS: tuple[str, ...] = tuple(o for o in STEP_OPTIONS if o != "torch.compile")
 
+#: Seconds after which a timed round of one option stops (after the step that passed it).
+ROUND_S = 3.0
+
 #: What :func:`step_options_worker` sets to hide a CPU's bfloat16 instructions from oneDNN (the
 #: library behind PyTorch's CPU convolutions and matrix multiplies): AVX-512 with VNNI, without
 #: AVX512_BF16 or AMX, as on most CPUs before 2020.
@@ -73,11 +76,15 @@ def compare_step_options(
     steps: int = 5,
     repeats: int = 2,
     options: Sequence[str] = STEP_OPTIONS,
+    round_s: float = ROUND_S,
 ) -> list[dict[str, Any]]:
     """Training images/s of a fresh ``model_name`` under each of ``options`` (:data:`STEP_OPTIONS`),
     side by side: one model per option, all on the same synthetic batch; the first step of each is
     timed alone (for ``torch.compile`` it holds the compilation), then ``repeats`` rounds of
-    ``steps`` steps go through the options in turn and each option's median round counts.
+    ``steps`` steps go through the options in turn and each option's median round counts. A round
+    ends early after the step that takes it past ``round_s`` seconds (its rate is over the steps
+    it ran): an option 20x slower than float32 (autocast on a CPU without bfloat16 instructions)
+    costs one step a round, not minutes.
 
     ``amp_step(model, optimizer, scaler, images, labels, dtype)`` is the mixed-precision step (Lab
     2's exercise); ``scaler`` is a ``torch.amp.GradScaler``, enabled only for float16. An option
@@ -97,7 +104,7 @@ def compare_step_options(
         rows[option] = _first_steps(option, run, device)
         if rows[option]["error"] is None:
             runs[option] = run
-    rates = _timed_rounds(runs, steps, batch_size, repeats, device)
+    rates = _timed_rounds(runs, steps, batch_size, repeats, device, round_s)
     base = statistics.median(rates["float32"]) if rates.get("float32") else None
     for option, values in rates.items():
         rows[option]["images_per_s"] = statistics.median(values)
@@ -144,17 +151,20 @@ def _first_steps(option: str, run: Callable[[], Any], device: torch.device) -> d
 
 
 def _timed_rounds(runs: dict[str, Callable[[], Any]], steps: int, batch_size: int, repeats: int,
-                  device: torch.device) -> dict[str, list[float]]:
-    """Images/s of each option's ``steps`` steps, ``repeats`` rounds through the options in turn."""
+                  device: torch.device, round_s: float = float("inf")) -> dict[str, list[float]]:
+    """Images/s of each option's ``steps`` steps (fewer once a round passes ``round_s``),
+    ``repeats`` rounds through the options in turn."""
     rates: dict[str, list[float]] = {option: [] for option in runs}
     for _ in range(repeats):
         for option, run in runs.items():
             synchronize(device)
             t0 = time.perf_counter()
-            for _ in range(steps):
+            done = 0
+            while done < steps and (done == 0 or time.perf_counter() - t0 < round_s):
                 run()
-            synchronize(device)
-            rates[option].append(steps * batch_size / (time.perf_counter() - t0))
+                synchronize(device)
+                done += 1
+            rates[option].append(done * batch_size / (time.perf_counter() - t0))
     return rates
 
 
