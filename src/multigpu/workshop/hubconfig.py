@@ -171,7 +171,10 @@ class WorkshopSpawner(LocalProcessSpawner):
         await super().stop(now=now)
         limits.release(f"user-{self.user.name}")
         if not self.is_instructor():  # memory files outlive their server and count against no one once it is gone
-            safefiles.remove_owned(SHARED_MEMORY, pwd.getpwnam(self.user.name).pw_uid)
+            try:
+                safefiles.remove_owned(SHARED_MEMORY, pwd.getpwnam(self.user.name).pw_uid)
+            except (KeyError, OSError) as e:  # no such account, no /dev/shm: the server is stopped all the same
+                self.log.warning("%s: shared memory files not removed: %s", self.user.name, e)
 
     def make_preexec_fn(self, name: str) -> Any:
         become = super().make_preexec_fn(name)
