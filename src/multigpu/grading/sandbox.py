@@ -163,8 +163,9 @@ def command(
     # GPU to test on: the gpu profile is marked UNMEASURED until someone grades on one)
     for node in sorted(glob.glob("/dev/nvidia*")):
         args += ["--dev-bind", node, node]
-    for h in sorted(set(hide), key=lambda p: len(p.parts)):  # outer folders first
-        args += _cover(h)
+    for h in sorted(set(hide), key=lambda p: (len(p.parts), str(p))):  # outer folders first
+        if not any(o in h.parents for o in hide):  # one inside another hidden folder is covered with it
+            args += _cover(h)
     # what the submission needs comes back read-only where a hidden folder covered it
     back = [n for n in dict.fromkeys(needed) if n.exists() and any(h in n.parents for h in hide)]
     made: set[Path] = set()
