@@ -1,8 +1,8 @@
 """The notebooks' exercise tests reject the wrong answers a learner is likely to write.
 
 Each case takes a graded test cell of a solution notebook (hidden tests included, as the
-autograder runs it), runs it in a fresh process (a fork of one Python that imported torch and
-Horovod once) after a few lines that stand in for the cells above it and a WRONG answer in place
+autograder runs it), runs it in a fresh process (a warm one, multigpu.running.warm: a fork of a
+Python that imported torch and Horovod once) after a few lines that stand in for the cells above it and a WRONG answer in place
 of the exercise cell, and expects it to fail with a message that starts with what to change. The same harness runs the solution's own answer and
 expects it to pass, so a test cell that fails everything would show here too.
 """
@@ -12,14 +12,13 @@ from __future__ import annotations
 import inspect
 import json
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
 import test_ring
 from conftest import REPO
-from multigpu.running import launch
+from multigpu.running import launch, warm
 
 NOTEBOOKS = REPO / "solutions" / "notebooks"
 
@@ -141,43 +140,23 @@ def parallel_degree_with(line: str, replacement: str) -> str:
     return right.replace(line, replacement)
 
 
-class PreloadedPython:
-    """A Python with torch, Horovod and the package imported once, that runs each script in a fork
-    of itself (tests/fixtures/preloaded_python.py): a fresh process per case without the imports."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests/fixtures/preloaded_python.py")],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=launch.worker_env(), cwd=REPO)
-
-    def run(self, script, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
-        out, err = cwd / "stdout.txt", cwd / "stderr.txt"
-        request = {"script": str(script), "cwd": str(cwd), "stdout": str(out), "stderr": str(err), "timeout": timeout}
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        answer = self.proc.stdout.readline()
-        assert answer, f"the preloaded Python died (exit code {self.proc.poll()})"
-        return subprocess.CompletedProcess([str(script)], json.loads(answer)["returncode"],
-                                           out.read_text(errors="replace"), err.read_text(errors="replace"))
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def python():
-    preloaded = PreloadedPython()
-    yield preloaded
-    preloaded.close()
+    """A warm Python (a fork of one that imported torch, Horovod and the package): a fresh
+    process per case without paying the imports (multigpu.running.warm)."""
+    return warm.python()
 
 
-def run_test_cell(python: PreloadedPython, notebook: str, test_id: str, answer: str, tmp_path) -> subprocess.CompletedProcess:
+def run_test_cell(python: list[str], notebook: str, test_id: str, answer: str, tmp_path) -> subprocess.CompletedProcess:
     """Run ``answer`` then the test cell ``test_id`` of ``notebook`` in a fresh process."""
     script = tmp_path / "exercise.py"
     script.write_text("\n".join([textwrap.dedent(CONTEXT[notebook]), textwrap.dedent(answer),
                                  cell(notebook, test_id)]))
-    return python.run(script, tmp_path)
+    try:
+        return subprocess.run([*python, str(script)], cwd=tmp_path, env=launch.worker_env(), capture_output=True,
+                              text=True, timeout=300)
+    except subprocess.TimeoutExpired as e:
+        return subprocess.CompletedProcess(e.cmd, -9, e.stdout or "", (e.stderr or "") + "\n(killed after 300 s)")
 
 
 def solution(notebook: str, exercise_id: str) -> str:

@@ -34,6 +34,8 @@ from typing import Any, Protocol
 
 import cloudpickle
 
+from multigpu.running import warm
+
 # the watcher's names and the workers' environment, importable from here too
 from multigpu.running.environment import CPU_FUSION_THRESHOLD as CPU_FUSION_THRESHOLD
 from multigpu.running.environment import executable, horovodrun_command, job_env, worker_env
@@ -153,6 +155,7 @@ def run(
         job = outdir / "job.pkl"
         _dump_job(job, fn, args, backend)
         port = str(free_port())
+        python = warm.python()
         procs = []
         for rank in range(nprocs):
             rank_env = worker_env(env)
@@ -166,7 +169,7 @@ def run(
                 MULTIGPU_THREADS=str(threads),
                 MULTIGPU_TIMEOUT=str(int(timeout)),
             )
-            procs.append(start([sys.executable, "-m", "multigpu.running._worker", "run", str(job), str(outdir)], env=rank_env))
+            procs.append(start([*python, "-m", "multigpu.running._worker", "run", str(job), str(outdir)], env=rank_env))
         labels = [f"rank {r}" for r in range(nprocs)]
         what = f"job of {nprocs} worker(s)"
         result = supervise(procs, labels, timeout, echo, what)
@@ -201,7 +204,9 @@ def horovodrun(
             raise ValueError("an emulated link carries one machine's job over Gloo (TCP on its loopback): "
                              "no hosts, no --mpi (MPI workers on one machine share memory, not the link)")
         horovod_args = ["--gloo", *[a for a in horovod_args if a != "--gloo"]]
-    cmd = [*horovodrun_command(np, hosts, horovod_args), *argv]
+    # a job behind an emulated link runs in the link's namespaces, where no warm parent lives
+    started = warm.warm_argv if link is None else list
+    cmd = started([*horovodrun_command(np, hosts, horovod_args), *started(argv)])
     if link is not None:
         cmd = link.wrap(cmd)
     # the workers of one node: each host's slots ("server1:4,server2:4": 4 on each)
