@@ -13,6 +13,7 @@ import inspect
 import json
 import subprocess
 import textwrap
+import time
 
 import pytest
 
@@ -49,6 +50,9 @@ CONTEXT = {
         root = data.ensure_dataset(train_per_class=100, val_per_class=10)
         train_set = data.JPEGFolder(root, data.train_transform(IMAGE_SIZE), split="train")
         model = models.build_model("alexnet_small", num_classes=len(train_set.classes))
+        # what the parameter-server cell measures (paramserver.measure_ps_scaling), for 1, 2 and 4 workers
+        ps_rows = [{"workers": w, "gradient_bytes": 1000, "central_bytes": 2 * (w - 1) * 1000, "images_per_s": ips,
+                    "efficiency": ips / (min(w, info.devices) * 100.0)} for w, ips in ((1, 100.0), (2, 150.0), (4, 170.0))]
     """,
     "02b-ring-allreduce": """
         import torch
@@ -743,3 +747,44 @@ def test_a_wrong_answer_fails_with_what_to_change_first(notebook, exercise, test
 def test_the_solutions_answer_passes_the_same_harness(notebook, exercise, test_id, python, tmp_path):
     ran = run_test_cell(python, notebook, test_id, solution(notebook, exercise), tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
+
+
+def exercises() -> list[tuple[str, str, str]]:
+    """Every exercise of the labs, with its test cell: (notebook, exercise id, the first graded test
+    cell after it)."""
+    found = []
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        cells = [c["metadata"].get("nbgrader", {}) for c in json.loads(path.read_text())["cells"]]
+        for i, meta in enumerate(cells):
+            if meta.get("solution"):
+                test = next(m["grade_id"] for m in cells[i + 1:] if m.get("grade") and not m.get("solution"))
+                found.append((path.stem, meta["grade_id"], test))
+    return found
+
+
+def released(notebook: str, grade_id: str) -> str:
+    """The cell as learners get it (the learner copy in notebooks/, made by make release)."""
+    nb = json.loads((REPO / "notebooks" / f"{notebook}.ipynb").read_text())
+    return "".join(next(c["source"] for c in nb["cells"]
+                        if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id))
+
+
+def test_every_exercise_has_its_test_cell_and_a_blank_stub():
+    found = exercises()
+    assert len(found) == len({(n, e) for n, e, _ in found}) >= 40
+    for notebook, exercise, _ in found:
+        assert "raise NotImplementedError()" in released(notebook, exercise), f"{notebook}:{exercise} is not blank"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook, exercise, test_id", exercises(), ids=[f"{n}:{e}" for n, e, _ in exercises()])
+def test_the_released_stub_fails_its_test_cell_and_hangs_nothing(notebook, exercise, test_id, python, tmp_path):
+    """A learner's blank copy, one exercise at a time: the stub as released, then its test cell with
+    the hidden tests, as autograde runs it, scores zero (the cell fails on the stub or on an assert)
+    well within the harness's time limit."""
+    start = time.monotonic()
+    ran = run_test_cell(python, notebook, test_id, released(notebook, exercise), tmp_path)
+    assert ran.returncode not in (0, -9), f"{notebook}:{exercise}: the blank stub passed or hung:\n{ran.stderr[-2000:]}"
+    last = ran.stderr.strip().splitlines()[-1]
+    assert last.startswith(("NotImplementedError", "AssertionError")), f"{notebook}:{exercise}: {ran.stderr[-3000:]}"
+    assert time.monotonic() - start < 120

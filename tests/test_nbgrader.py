@@ -1,11 +1,14 @@
 """The nbgrader round trip in a scratch course with a fresh gradebook.
 
 generate_assignment -> a student who submits the solutions gets full marks; a student who
-submits the blank learner copies gets zero on every exercise, and grading them does not crash.
-The assessment is graded as ``make autograde`` does it: nbgrader with the official-grading flag,
-then the sandboxed official grading of each train.py, whose result replaces the notebook's
-points. The blank student's notebook carries an added cell that fakes the grader in its kernel.
-The reference's official grading is then regraded from the copy it kept (``multigpu regrade``).
+submits the blank learner copies of Lab 0 and of the assessment gets zero, and grading them does
+not crash. (Every exercise's blank stub scores zero against its own test cell, hidden tests
+included, in tests/test_exercise_tests.py; the blank copies of Labs 1-5 graded end to end are
+``make test-matrix``'s, below.) The assessment is graded as ``make autograde`` does it: nbgrader
+with the official-grading flag, then the sandboxed official grading of each train.py, whose result
+replaces the notebook's points. The blank student's notebook carries an added cell that fakes the
+grader in its kernel. The reference's official grading is then regraded from the copy it kept
+(``multigpu regrade``).
 """
 
 from __future__ import annotations
@@ -60,16 +63,21 @@ def nbgrader(course, *args, timeout=3600):
     return proc.stdout + proc.stderr
 
 
-@pytest.fixture(scope="module")
-def graded_course(tmp_path_factory):
-    from multigpu.course.release import install_starter, present_assignments
+#: The blank student's labs in make test: Lab 0 end to end (the others' blank stubs are graded one
+#: by one in tests/test_exercise_tests.py, and end to end by make test-matrix)
+BLANK_LABS = ("00-welcome.ipynb",)
 
-    course = tmp_path_factory.mktemp("course")
+
+def round_trip(course, assignments, blank_labs, *, solution: bool = True, official_grading: bool = True) -> dict:
+    """Release, submit and autograde ``assignments`` in ``course``: the solutions (with ``solution``),
+    the blank copies of the labs ``blank_labs`` and of the assessment; with ``official_grading``,
+    then grade each train.py officially."""
+    from multigpu.course.release import install_starter
+
     shutil.copytree(REPO / "solutions", course / "solutions",
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     shutil.copy(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
     (course / "grading").mkdir()
-    assignments = present_assignments(REPO)
     logs = {}
     clock = time.monotonic()
 
@@ -82,14 +90,20 @@ def graded_course(tmp_path_factory):
         nbgrader(course, "generate_assignment", assignment, "--force")
         if assignment == "assessments":
             install_starter(course / assignment)  # what make release gives learners
-        shutil.copytree(course / "solutions" / assignment, course / "grading/submitted" / SOLUTION / assignment)
-        shutil.copytree(course / assignment, course / "grading/submitted" / BLANK / assignment)
+        if solution:
+            shutil.copytree(course / "solutions" / assignment, course / "grading/submitted" / SOLUTION / assignment)
+        blank = course / "grading/submitted" / BLANK / assignment
+        shutil.copytree(course / assignment, blank)
         if assignment == "assessments":
-            add_fake_grader_cell(course / "grading/submitted" / BLANK / assignment / "assessment.ipynb")
+            add_fake_grader_cell(blank / "assessment.ipynb")
+        else:
+            for notebook in blank.glob("*.ipynb"):
+                if notebook.name not in blank_labs:
+                    notebook.unlink()  # not submitted: nbgrader grades what is there
         step(f"generate_assignment {assignment}")
         logs[assignment] = nbgrader(course, "autograde", assignment)
-        step(f"autograde {assignment} (both students)")
-    if "assessments" in assignments:  # what make autograde runs next: the official, sandboxed grading
+        step(f"autograde {assignment}")
+    if official_grading and "assessments" in assignments:  # what make autograde runs next
         from multigpu.grading import official, rules
 
         graded = official.grade_submissions(course / "grading", rules.QUICK)
@@ -97,7 +111,16 @@ def graded_course(tmp_path_factory):
         logs["assessments"] += "\n".join(g.result.report() for g in graded)
         logs["official"] = {g.student: g.result for g in graded}
         logs["official_results"] = {g.student: g.path for g in graded}
-    return course, assignments, logs
+    return logs
+
+
+@pytest.fixture(scope="module")
+def graded_course(tmp_path_factory):
+    from multigpu.course.release import present_assignments
+
+    course = tmp_path_factory.mktemp("course")
+    assignments = present_assignments(REPO)
+    return course, assignments, round_trip(course, assignments, BLANK_LABS)
 
 
 def auto_scores(course, assignment, student):
@@ -154,6 +177,24 @@ def test_the_blank_learner_copy_scores_zero(graded_course):
         got = scores(course, assignment, BLANK)
         earned = {name: s for name, s in got.items() if s[0] != 0}
         assert not earned, f"{assignment}: blank copies earned points {earned}"
+    graded = course / "grading/autograded" / BLANK
+    assert {p.name for p in (graded / "notebooks").glob("*.ipynb")} == set(BLANK_LABS)
+    assert (graded / "assessments" / "assessment.ipynb").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_the_blank_copies_of_labs_1_to_5_score_zero_end_to_end(tmp_path):
+    """The blank copy of every lab but Lab 0, autograded as a learner would submit it: nothing
+    crashes or hangs, and it scores zero (make test grades each blank stub against its test cell)."""
+    labs = tuple(sorted(p.name for p in (REPO / "solutions/notebooks").glob("*.ipynb") if p.name not in BLANK_LABS))
+    logs = round_trip(tmp_path, ["notebooks"], labs, solution=False, official_grading=False)
+    got = scores(tmp_path, "notebooks", BLANK)
+    assert {f"{name.removesuffix('.ipynb')}" for name in labs} <= set(got), got
+    earned = {name: s for name, s in got.items() if s[0] != 0}
+    assert not earned, f"blank copies earned points {earned}\n{logs['notebooks'][-3000:]}"
+    graded = {p.name for p in (tmp_path / "grading/autograded" / BLANK / "notebooks").glob("*.ipynb")}
+    assert graded == set(labs), f"not autograded: {set(labs) - graded}"
 
 
 @pytest.mark.slow
