@@ -4,9 +4,12 @@ marked ``slow`` may start a process (``make test-fast`` runs the others, in this
 from __future__ import annotations
 
 import _posixsubprocess
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +23,10 @@ VENV_BIN = Path(sys.executable).parent
 
 # The notebooks, the grader and the workers all read this; `make test` sets it too.
 os.environ.setdefault("MULTIGPU_QUICK", "1")
+# One grading of the same bytes per session (multigpu.grading.reuse): the reference is graded once,
+# by the nbgrader round trip's official grading, and the assessment notebook's check reads it.
+os.environ.setdefault("MULTIGPU_GRADING_REUSE", tempfile.mkdtemp(prefix="multigpu-test-gradings-"))
+atexit.register(shutil.rmtree, os.environ["MULTIGPU_GRADING_REUSE"], True)
 os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 
 MARK_IT = "mark this test @pytest.mark.slow: it starts a process"

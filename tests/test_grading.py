@@ -810,3 +810,25 @@ def test_the_criteria_are_one_module_each_in_order_and_read_only_earlier_verdict
         assert verdicts[name].message == ev.unavailable[evidence.CHECKPOINTS]
     assert "left no checkpoint" in verdicts["workers"].message
     assert verdicts["workers"].measured == {"epochs": 0}
+
+
+def test_a_session_reuses_only_a_grading_of_the_same_bytes_settings_arguments_and_sandbox(tmp_path, monkeypatch):
+    from multigpu.grading import reuse
+
+    raw = b"print('a conversion')\n"
+    result = grader.deferred(QUICK, "graded earlier")
+    result.criteria["workers"].passed = True
+    monkeypatch.delenv(reuse.ENV, raising=False)
+    reuse.keep(result, raw, QUICK, ())
+    assert reuse.earlier(raw, QUICK, (), sandboxed=False) is None  # no session folder: nothing kept
+    monkeypatch.setenv(reuse.ENV, str(tmp_path / "kept"))
+    reuse.keep(result, raw, QUICK, ())
+    again = reuse.earlier(raw, QUICK, (), sandboxed=False)
+    assert again is not None and again.to_dict() == result.to_dict()
+    assert reuse.earlier(raw + b"#", QUICK, (), sandboxed=False) is None
+    assert reuse.earlier(raw, QUICK.replace(accuracy=0.5), (), sandboxed=False) is None
+    assert reuse.earlier(raw, QUICK, ("--epochs", "1"), sandboxed=False) is None
+    assert reuse.earlier(raw, QUICK, (), sandboxed=True) is None  # an unsandboxed verdict never stands for a sandboxed one
+    script = tmp_path / "train.py"
+    script.write_bytes(raw)
+    assert grader.grade(script, QUICK, sandbox="off").to_dict() == result.to_dict() | {"script": str(script)}

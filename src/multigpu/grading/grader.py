@@ -35,13 +35,14 @@ This module keeps the names callers use; the stages live in the modules named ab
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from multigpu.grading import audit, observations, review, rules
+from multigpu.grading import audit, observations, reuse, review, rules
 from multigpu.grading import sandbox as sb
 from multigpu.grading.averaging import (
     RunClock,
@@ -116,6 +117,7 @@ def grade(
     workdir: str | os.PathLike | None = None,
     sandbox: str = "auto",
     hidden: Sequence[os.PathLike | str] = (),
+    reuse_earlier: bool = True,
 ) -> GradeResult:
     """Grade ``script`` under ``settings`` (default :func:`rules.settings`); see the module doc.
 
@@ -124,6 +126,8 @@ def grade(
     ``sandbox``: ``"auto"`` (the sandbox where it starts, else an unsandboxed verdict that says
     so), ``"required"`` (raise :class:`SandboxUnavailable` instead: certificates) or ``"off"``.
     ``hidden``: more folders the submission must not see (other submissions, results).
+    ``reuse_earlier``: a learner's own check (``sandbox`` not "required", nothing ``hidden``) takes
+    the session's earlier grading of the same bytes where :mod:`multigpu.grading.reuse` keeps them.
     """
     settings = settings or rules.settings()
     log = log or (lambda _msg: None)
@@ -137,6 +141,11 @@ def grade(
         return all_fail(name, settings, problem, **(audit.identity(script_path.read_bytes())
                                                     if script_path.is_file() else {}))
     raw = script_path.read_bytes()  # graded, hashed and kept: the same bytes
+    if reuse_earlier and sandbox != "required" and not hidden:
+        earlier = reuse.earlier(raw, settings, args, sandboxed=not unsandboxed)
+        if earlier is not None:
+            log(f"(the grading of these same bytes earlier in this session, reused: {reuse.ENV})")
+            return dataclasses.replace(earlier, script=name)
     measurements = machine_measurements(settings, unsandboxed, log)
     with tempfile.TemporaryDirectory(prefix="multigpu-grade-", dir=workdir) as tmp:
         prepared = prepare(settings, Path(tmp).resolve(), raw, unsandboxed, hidden, log)
@@ -148,6 +157,7 @@ def grade(
                                     prepared.holdout, measurements, log, source, timeline_path=prepared.timeline)
     result = GradeResult(name, settings, criteria, measurements, sandboxed=rec.sandboxed, **audit.identity(raw))
     result.review = review.record([*review.flags(source), *observations.flags(evidence.observed)], result.passed)
+    reuse.keep(result, raw, settings, args)
     return result
 
 

@@ -67,7 +67,7 @@ def regrade(result_file: str | os.PathLike, *, log: Callable[[str], None] | None
     copy = audit.stored_source(result_file, stored)
     settings = rules.Settings(**stored["settings"])
     result = grader.grade(copy, settings, sandbox="required" if stored.get("sandboxed") else "auto",
-                          hidden=(result_file.parent, *hidden), log=log)
+                          hidden=(result_file.parent, *hidden), log=log, reuse_earlier=False)
     result.script = stored.get("script", result.script)
     before, after = verdict(stored), verdict(result.to_dict())
     differences = [f"{key}: {before[key]} then {after[key]}" for key in ("passed", "held") if before[key] != after[key]]

@@ -109,6 +109,15 @@ class GradeResult:
         }
 
 
+def result_from_dict(saved: dict[str, Any]) -> GradeResult:
+    """The :class:`GradeResult` that :meth:`GradeResult.to_dict` saved."""
+    criteria = {n: Criterion(n, c["points"], c["passed"], c["message"]) for n, c in saved["criteria"].items()}
+    return GradeResult(saved["script"], Settings(**saved["settings"]), criteria, saved["measurements"],
+                       sandboxed=saved["sandboxed"], source_sha256=saved["source_sha256"],
+                       grader_version=saved["grader_version"], review=saved["review"],
+                       source_file=saved.get("source_file", ""))
+
+
 def save_result(result: GradeResult, path: str | os.PathLike = RESULT_FILE) -> Path:
     """Write ``result`` as JSON (``grading-result.json`` next to the notebook by default)."""
     path = Path(path)
