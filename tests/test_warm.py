@@ -117,6 +117,9 @@ def test_a_warm_python_runs_as_a_fresh_python_would(tmp_path):
     assert ran.returncode == 3, ran.stderr
     assert ran.stdout.split("\n")[0] == f"['-c'] {tmp_path} 42 yes True"
     assert ran.stderr.strip().endswith("to stderr")
+    # the site-packages' .pth lines run with the job's environment (Horovod's: whole lines under mpirun)
+    assert warm_python("import sys; print(sys.stdout.line_buffering)", env={"PMI_RANK": "0"}).stdout.strip() == "True"
+    assert warm_python("import sys; print(sys.stdout.line_buffering)").stdout.strip() == "False"
     crashed = warm_python("raise ValueError('the learner wrote this')")
     assert crashed.returncode == 1 and crashed.stderr.strip().endswith("ValueError: the learner wrote this")
     script = tmp_path / "script.py"

@@ -5,7 +5,8 @@
 #     (default /opt/multigpu-hub): a venv of the distribution's python3.11 (the course's .venv
 #     may live in a folder learners cannot enter, and its python is often a link into one),
 #     with the course's pinned packages, the course itself (editable: the hub serves this
-#     checkout), JupyterHub (pinned) and Horovod (tools/install_horovod.sh: the cached wheel).
+#     checkout), JupyterHub (pinned) and Horovod: copied from the course's .venv (make setup built
+#     it: no second torch download or Horovod build), else installed (the cached Horovod wheel).
 # Running it again installs only what is missing.
 set -euo pipefail
 
@@ -58,14 +59,44 @@ fi
 # what the environment was built from: a changed pin or Horovod patch rebuilds it
 want="course=$course jupyterhub=$JUPYTERHUB_VERSION idle-culler=$IDLE_CULLER_VERSION pyproject=$(sha256sum "$course/pyproject.toml" | cut -c1-12) \
 horovod-patch=$(sha256sum "$course"/tools/horovod-*.patch | cut -c1-12)"
+# The course's own environment (make setup: the pinned packages, torch, Horovod built against it),
+# copied into the prefix instead of installed a second time: everything but its interpreter, its
+# scripts pointed at the prefix's python. Same Python minor version, so the same wheels.
+copy_course_env() {
+  local from="$course/.venv" f name
+  cp -a "$from/lib/." "$prefix/lib/"
+  [ -d "$from/include" ] && cp -a "$from/include/." "$prefix/include/"
+  for f in "$from"/bin/*; do
+    name=$(basename "$f")
+    case "$name" in python*|activate*|Activate.ps1|pip|pip3*) continue ;; esac
+    if head -c 2 "$f" | grep -q '#!' && head -n 1 "$f" | grep -q "^#!$from/bin/"; then
+      sed "1s|^#!$from/bin/|#!$prefix/bin/|" "$f" > "$prefix/bin/$name"
+      chmod 755 "$prefix/bin/$name"
+    else
+      cp -a "$f" "$prefix/bin/$name"
+    fi
+  done
+}
+course_env_usable() {
+  [ -x "$course/.venv/bin/python" ] && "$course/.venv/bin/python" -c \
+    'import sys, torch, horovod.torch; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null
+}
 if [ "$(cat "$prefix/.hub-ready" 2>/dev/null)" != "$want" ]; then
-  say "installing torch, the course ($course) and JupyterHub $JUPYTERHUB_VERSION into $prefix (minutes)"
-  # torch first, from its pin (the course's dependencies would otherwise resolve another build)
-  pip "torch==$(sed -n 's/^ *"torch==\([^"]*\)".*/\1/p' "$course/pyproject.toml")"
-  say "torch installed; the course and JupyterHub"
-  pip -e "$course" "jupyterhub==$JUPYTERHUB_VERSION" "jupyterhub-idle-culler==$IDLE_CULLER_VERSION"
-  say "Horovod (the wheel cached by make setup when it was built for the same torch and patch)"
-  "$course/tools/install_horovod.sh" "$prefix/bin/python"
+  if course_env_usable; then
+    say "copying the course's environment ($course/.venv: its pinned packages, torch, Horovod) into $prefix"
+    copy_course_env
+    say "JupyterHub $JUPYTERHUB_VERSION"
+    pip "jupyterhub==$JUPYTERHUB_VERSION" "jupyterhub-idle-culler==$IDLE_CULLER_VERSION"
+    "$prefix/bin/horovodrun" --check-build >/dev/null || fail "Horovod does not load in $prefix after the copy"
+  else
+    say "installing torch, the course ($course) and JupyterHub $JUPYTERHUB_VERSION into $prefix (minutes)"
+    # torch first, from its pin (the course's dependencies would otherwise resolve another build)
+    pip "torch==$(sed -n 's/^ *"torch==\([^"]*\)".*/\1/p' "$course/pyproject.toml")"
+    say "torch installed; the course and JupyterHub"
+    pip -e "$course" "jupyterhub==$JUPYTERHUB_VERSION" "jupyterhub-idle-culler==$IDLE_CULLER_VERSION"
+    say "Horovod (the wheel cached by make setup when it was built for the same torch and patch)"
+    "$course/tools/install_horovod.sh" "$prefix/bin/python"
+  fi
   echo "$want" > "$prefix/.hub-ready"
 fi
 if [ "$(cat "$prefix/.ngshare-ready" 2>/dev/null)" != "ngshare_exchange==$NGSHARE_EXCHANGE_VERSION" ]; then

@@ -17,6 +17,7 @@ import os
 import resource
 import runpy
 import signal
+import site
 import sys
 import threading
 import traceback
@@ -58,6 +59,9 @@ def take_process(request: dict, fds: list[int]) -> None:
     os.environ.update(request["env"])
     set_path(request)
     set_streams(request)
+    for folder in site.getsitepackages():  # the .pth lines a fresh Python runs at start, with this environment
+        if os.path.isdir(folder):
+            site.addsitedir(folder)
     if "numpy" in sys.modules:  # a fresh process seeds NumPy's global generator from the OS
         sys.modules["numpy"].random.seed()
     threads = [os.environ.get(k) for k in PARENT_THREADS_ENV if os.environ.get(k) != PARENT_THREADS_ENV[k]]
