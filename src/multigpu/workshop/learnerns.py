@@ -1,0 +1,265 @@
+"""A learner's server in namespaces of its own: its processes, its network, its shared memory and
+its System V IPC are the learner's alone, and all of it goes when the server stops.
+
+    python -m multigpu.workshop.learnerns --user NAME --port PORT [--relay HUBPORT ...] [--shm-bytes N] -- CMD ...
+
+The hub's spawner starts this as root, in the learner's control group. It makes, for ``CMD`` (the
+learner's JupyterLab) and everything it starts (kernels, terminals, Horovod jobs):
+
+- a PID namespace: ``/proc`` shows the learner's own processes only, so no other learner reads their
+  command lines or kills their jobs; its first process reaps orphans and forwards the stop signal;
+- a network namespace with its loopback alone: no other learner reaches a rendezvous or a server
+  the learner's jobs open, and no job of theirs reaches anyone else's;
+- an IPC namespace and a mount namespace with a ``/dev/shm`` of its own (a bounded tmpfs): a
+  System V segment or a shared-memory file cannot outlive the server or fill another's memory.
+
+Two things cross the namespace, relayed byte for byte by this process (root, outside it): the
+proxy's connections to the server (``127.0.0.1:PORT`` outside, the same address inside) and the
+server's connections to the hub's API (``127.0.0.1:HUBPORT`` inside, the hub's outside). The
+server's processes run as the learner; nothing inside runs as root. When the server ends (or this
+process is killed) the PID namespace's first process dies, and with it every process, the
+namespaces and their memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import fcntl
+import os
+import pwd
+import signal
+import socket
+import struct
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+PR_SET_PDEATHSIG = 1
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+#: A learner's /dev/shm, bytes (its pages count against the learner's memory limit as well).
+SHM_BYTES = 1 << 30
+#: Connections relayed at once in each direction (a learner opening thousands exhausts nothing of root's).
+MAX_CONNECTIONS = 256
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), "unshare")
+
+
+def setns(fd: int, nstype: int) -> None:
+    _check(_libc.setns(fd, nstype), "setns")
+
+
+def _bytes(text: str | None) -> bytes | None:
+    return text.encode() if text is not None else None
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = _bytes
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def die_with_parent() -> None:
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def loopback_up() -> None:
+    """Bring up this network namespace's loopback (it starts down)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH", b"lo", 0)))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
+
+
+def become(user: pwd.struct_passwd) -> None:
+    os.initgroups(user.pw_name, user.pw_gid)
+    os.setgid(user.pw_gid)
+    os.setuid(user.pw_uid)
+
+
+def run_init(user: pwd.struct_passwd, cmd: Sequence[str]) -> NoReturn:
+    """PID 1 of the learner's namespace: mount its /proc, start the server as the learner, reap
+    orphans, forward the stop signals, and end with the server's status."""
+    die_with_parent()
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    server = os.fork()
+    if server == 0:
+        become(user)
+        os.chdir(user.pw_dir)
+        os.execvpe(cmd[0], list(cmd), os.environ)
+    become(user)
+    for sig in FORWARDED:
+        signal.signal(sig, lambda s, _f: os.kill(server, s))
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == server:
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def run_namespaces(user: pwd.struct_passwd, cmd: Sequence[str], shm_bytes: int, ready: int, go: int) -> NoReturn:
+    """The child that makes the namespaces, waits until the relay listens in them (``go``), then
+    starts their first process and waits for it."""
+    code = 1
+    try:
+        die_with_parent()
+        unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET)
+        mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the box
+        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_bytes},mode=1777")
+        loopback_up()
+        os.write(ready, b"namespaces\n")
+        if os.read(go, 3) != b"go\n":
+            raise RuntimeError("the relay did not start")
+        os.close(go)
+        unshare(CLONE_NEWPID)
+        first = os.fork()
+        if first == 0:
+            os.close(ready)
+            run_init(user, cmd)
+        os.write(ready, f"{first}\n".encode())
+        os.close(ready)
+        for sig in FORWARDED:
+            signal.signal(sig, lambda s, _f: os.kill(first, s))
+        code = os.waitstatus_to_exitcode(os.waitpid(first, 0)[1])
+    except BaseException as e:  # the namespaces could not be made: say why where the hub logs
+        print(f"learnerns: {user.pw_name}'s namespaces: {e}", file=sys.stderr, flush=True)
+    os._exit(code & 0xFF if code >= 0 else 128 - code)
+
+
+class Relay:
+    """Copies connections across the namespace: the proxy's in, the server's hub calls out."""
+
+    def __init__(self, inside: int, port: int, hub_ports: Sequence[int]) -> None:
+        self.inside = inside  # the learner's network namespace
+        self.outside = os.open("/proc/self/ns/net", os.O_RDONLY)
+        self.port, self.hub_ports = port, list(hub_ports)
+        self.open = {"in": 0, "out": 0}
+
+    def socket_in(self, namespace: int) -> socket.socket:
+        """A TCP socket of ``namespace`` (the socket stays there; this process returns)."""
+        setns(namespace, CLONE_NEWNET)
+        try:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        finally:
+            setns(self.outside, CLONE_NEWNET)
+        s.setblocking(False)
+        return s
+
+    def listener(self, namespace: int, port: int) -> socket.socket:
+        s = self.socket_in(namespace)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(128)
+        return s
+
+    async def serve(self, listener: socket.socket, target_ns: int, port: int, direction: str) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            client, _ = await loop.sock_accept(listener)
+            if self.open[direction] >= MAX_CONNECTIONS:
+                client.close()
+                continue
+            loop.create_task(self.connect(client, target_ns, port, direction))
+
+    async def connect(self, client: socket.socket, target_ns: int, port: int, direction: str) -> None:
+        loop = asyncio.get_running_loop()
+        self.open[direction] += 1
+        server = self.socket_in(target_ns)
+        try:
+            await loop.sock_connect(server, ("127.0.0.1", port))
+            await asyncio.gather(self.pump(client, server), self.pump(server, client))
+        except OSError:
+            pass  # not listening yet, or a side went away
+        finally:
+            client.close()
+            server.close()
+            self.open[direction] -= 1
+
+    @staticmethod
+    async def pump(source: socket.socket, sink: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while data := await loop.sock_recv(source, 1 << 16):
+            await loop.sock_sendall(sink, data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+async def relay_until(child: int, first: int, relay: Relay, proxy_side: socket.socket,
+                      inside: Sequence[socket.socket]) -> int:
+    """Relay until the namespaces' child ends; forward the stop signals to their first process."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[int] = loop.create_future()
+
+    def reaped() -> None:
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid and not done.done():
+            done.set_result(os.waitstatus_to_exitcode(status))
+
+    loop.add_signal_handler(signal.SIGCHLD, reaped)
+    for sig in FORWARDED:
+        loop.add_signal_handler(sig, os.kill, first, sig)
+    tasks = [loop.create_task(relay.serve(proxy_side, relay.inside, relay.port, "in"))]
+    tasks += [loop.create_task(relay.serve(listener, relay.outside, p, "out"))
+              for listener, p in zip(inside, relay.hub_ports)]
+    reaped()  # it may have ended before the handler was set
+    code = await done
+    for t in tasks:
+        t.cancel()
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--user", required=True)
+    p.add_argument("--port", type=int, required=True, help="the server's port, inside and outside")
+    p.add_argument("--relay", type=int, action="append", default=[], help="a hub port the server may reach")
+    p.add_argument("--shm-bytes", type=int, default=SHM_BYTES)
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if os.geteuid() != 0 or not cmd:
+        p.error("runs as root (the hub's spawner), with the server's command after --")
+    user = pwd.getpwnam(args.user)
+    proxy_side = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # the box's side, made before the namespaces
+    proxy_side.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    proxy_side.bind(("127.0.0.1", args.port))
+    proxy_side.listen(128)
+    proxy_side.setblocking(False)
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(ready_r)
+        os.close(go_w)
+        proxy_side.close()
+        run_namespaces(user, cmd, args.shm_bytes, ready_w, go_r)
+    os.close(ready_w)
+    os.close(go_r)
+    with os.fdopen(ready_r) as ready:
+        if ready.readline().strip() != "namespaces":
+            return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) or 1
+        relay = Relay(os.open(f"/proc/{child}/ns/net", os.O_RDONLY), args.port, args.relay)
+        inside = [relay.listener(relay.inside, port) for port in relay.hub_ports]  # before the server starts
+        os.write(go_w, b"go\n")
+        os.close(go_w)
+        first = ready.readline().strip()
+    if not first:
+        return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) or 1
+    code = asyncio.run(relay_until(child, int(first), relay, proxy_side, inside))
+    return code & 0xFF if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
