@@ -64,8 +64,9 @@ horovod-patch=$(sha256sum "$course"/tools/horovod-*.patch | cut -c1-12)"
 # scripts pointed at the prefix's python. Same Python minor version, so the same wheels.
 copy_course_env() {
   local from="$course/.venv" f name
-  cp -a "$from/lib/." "$prefix/lib/"
-  [ -d "$from/include" ] && cp -a "$from/include/." "$prefix/include/"
+  for part in lib include share etc; do  # packages, MPI's headers, Jupyter's data (lab, nbconvert) and its config
+    if [ -d "$from/$part" ]; then mkdir -p "$prefix/$part" && cp -a "$from/$part/." "$prefix/$part/"; fi
+  done
   for f in "$from"/bin/*; do
     name=$(basename "$f")
     case "$name" in python*|activate*|Activate.ps1|pip|pip3*) continue ;; esac
