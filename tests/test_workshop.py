@@ -172,35 +172,6 @@ def test_handing_a_tree_over_changes_links_not_what_they_point_to(tmp_path):
         safefiles.open_dir(tree, "..")
 
 
-def test_a_stopped_learners_shared_memory_files_go_and_nobody_elses(tmp_path):
-    """What the hub does in /dev/shm when a learner's server stops, in a folder of the same kind
-    (sticky, everyone's): the learner's files, folders and links go, no link is followed."""
-    import os
-
-    from multigpu.workshop import safefiles
-
-    if os.getuid() != 0:
-        pytest.skip("needs root: the files belong to two accounts")
-    shm = tmp_path / "shm"
-    shm.mkdir(mode=0o1777)
-    learner, other = 65534, os.getuid()
-    keep = shm / "torch_other"
-    keep.write_bytes(b"x" * 4096)
-    outside = tmp_path / "root-file"
-    outside.write_text("root's")
-    (shm / "big").write_bytes(b"x" * 2**20)
-    (shm / "dir").mkdir()
-    (shm / "dir" / "inner").write_text("mine")
-    (shm / "dir" / "to-root").symlink_to(outside)
-    (shm / "link").symlink_to(outside)
-    for name in ("big", "dir", "dir/inner", "dir/to-root", "link"):
-        os.chown(shm / name, learner, learner, follow_symlinks=False)
-    assert safefiles.remove_owned(shm, learner) == 3
-    assert sorted(p.name for p in shm.iterdir()) == ["torch_other"]
-    assert outside.read_text() == "root's" and keep.stat().st_uid == other
-    assert safefiles.remove_owned(shm, learner) == 0
-
-
 def test_an_autograded_notebook_reaches_the_instructor_without_script_but_with_what_grading_reads():
     import nbformat
 
