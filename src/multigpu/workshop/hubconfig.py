@@ -7,7 +7,9 @@
   the kernel's file permissions are what keep learners apart. Only members of the workshop's
   groups may log in; instructors are hub admins.
 - Servers: :class:`WorkshopSpawner`, JupyterHub's ``LocalProcessSpawner`` that also confines each
-  server (``limits.confine``: its own cgroup, the learners' cores only). A learner's server is
+  server (``limits.confine``: its own cgroup, the learners' cores only) and runs it, as its user,
+  in PID, network, IPC and mount namespaces of its own (``namespaces``: no user sees another's
+  processes, reaches their jobs' ports or leaves shared memory behind). A learner's server is
   JupyterLab as ``make lab`` configures it (``jupyter/learner``) plus nbgrader's exchange; the
   instructor's serves the hub course with the formgrader (``jupyter/instructor``).
 - The grading service (``multigpu.workshop.service``), started and restarted by the hub.
@@ -124,8 +126,8 @@ def server_env(hub: Hub, instructor: bool) -> dict[str, str]:
 
 
 class WorkshopSpawner(LocalProcessSpawner):
-    """LocalProcessSpawner that confines each server (see ``limits``) and gives instructors and
-    learners their own view."""
+    """LocalProcessSpawner that confines each server (see ``limits``), runs it in its user's own
+    namespaces (see ``namespaces``) and gives instructors and learners their own view."""
 
     def is_instructor(self) -> bool:
         return self.user.name in instructors()
@@ -147,11 +149,11 @@ class WorkshopSpawner(LocalProcessSpawner):
             self.default_url = "/lab/tree/source"
         else:
             self.default_url = "/lab"
-            if self.port == 0:
-                from jupyterhub.utils import random_port
+        if self.port == 0:
+            from jupyterhub.utils import random_port
 
-                self.port = random_port()
-            self.cmd = learner_command(self.user.name, self.port, self.cmd)
+            self.port = random_port()
+        self.cmd = server_command(self.user.name, self.port, self.cmd)
         learner_cores, grading_cores = cores()
         queue = spawnqueue.queue(len(set(learner_cores) | set(grading_cores)))
         await queue.enter(self.user.name)
@@ -176,7 +178,6 @@ class WorkshopSpawner(LocalProcessSpawner):
         limits.release(f"user-{self.user.name}")
 
     def make_preexec_fn(self, name: str) -> Any:
-        become = super().make_preexec_fn(name)
         learner_cores, _grading = cores()
         learner_cores = self.spawn_cores or learner_cores
         cpu = None if self.is_instructor() else float(os.environ.get("MULTIGPU_LEARNER_CPUS") or LEARNER_CPUS)
@@ -184,23 +185,21 @@ class WorkshopSpawner(LocalProcessSpawner):
         pids = None if self.is_instructor() else env_int("MULTIGPU_LEARNER_PIDS", LEARNER_PIDS)
         group = f"user-{name}"
 
-        def confine_then_become() -> None:  # in the forked child, as root, before it becomes the user
+        def confine() -> None:  # in the forked child, as root: it becomes the user inside its namespaces
             limits.confine(group, os.getpid(), cores=learner_cores, cpu_limit=cpu, mem_limit=mem, pids_limit=pids)
-            if self.is_instructor():
-                become()  # a learner's server becomes the learner inside its namespaces (learnerns)
 
-        return confine_then_become
+        return confine
 
 
-def learner_command(name: str, port: int, cmd: list[str]) -> list[str]:
-    """A learner's server command, run in namespaces of the learner's own (``learnerns``): the
+def server_command(name: str, port: int, cmd: list[str]) -> list[str]:
+    """A user's server command, run as that user in namespaces of their own (``namespaces``): the
     proxy reaches it at ``127.0.0.1:port`` and it reaches the hub's API; nothing else crosses.
-    Its shared memory is bounded by the learner's memory share."""
-    if "multigpu.workshop.learnerns" in cmd:
+    Its shared memory is bounded by a learner's memory share."""
+    if "multigpu.workshop.namespaces" in cmd:
         return cmd  # already wrapped (a restart of the same spawner)
     hub_port = internal_ports()["MULTIGPU_HUB_INTERNAL_PORT"]
     shm = int(float(os.environ.get("MULTIGPU_LEARNER_MEM_GB") or LEARNER_MEM_GB) * 2**30)
-    return [sys.executable, "-m", "multigpu.workshop.learnerns", "--user", name, "--port", str(port),
+    return [sys.executable, "-m", "multigpu.workshop.namespaces", "--user", name, "--port", str(port),
             "--relay", str(hub_port), "--shm-bytes", str(shm), "--", *cmd]
 
 

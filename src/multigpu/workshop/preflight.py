@@ -98,14 +98,14 @@ def isolation() -> list[Check]:
 
 
 def learner_namespaces() -> Check:
-    """Whether root can give each learner's server its namespaces here (``learnerns``)."""
-    from multigpu.workshop import learnerns
+    """Whether root can give each learner's server its namespaces here (``namespaces``)."""
+    from multigpu.workshop import namespaces
 
     pid = os.fork()
     if pid == 0:
         try:
-            learnerns.unshare(learnerns.CLONE_NEWNS | learnerns.CLONE_NEWIPC | learnerns.CLONE_NEWNET
-                              | learnerns.CLONE_NEWPID)
+            namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWIPC | namespaces.CLONE_NEWNET
+                              | namespaces.CLONE_NEWPID)
             os._exit(0)
         except BaseException:
             os._exit(1)
