@@ -348,3 +348,28 @@ def test_a_notebook_that_sleeps_gives_the_grader_back_at_its_assignments_limit(t
     assert time.monotonic() - start < 60
     left = subprocess.run(["pgrep", "-f", str(root)], capture_output=True, text=True).stdout.split()
     assert not left, f"processes of the stopped grading still run (its kernel): {left}"
+
+
+def test_a_flood_of_entries_in_the_inbound_folder_is_looked_at_in_bounded_batches_and_removed_past_a_share(
+        tmp_path, monkeypatch):
+    """A learner who makes thousands of folders in the exchange's inbound folder: each scan looks at a
+    bounded number of new entries, the first of that account's entries are recorded as not graded,
+    and the rest are removed, so neither the records nor the folder grow without end."""
+    from multigpu.workshop import service
+
+    hub = layout.Hub(tmp_path)
+    hub.inbound.mkdir(parents=True)
+    for i in range(130):
+        (hub.inbound / f"junk-{i:03d}").mkdir()
+    (hub.inbound / "junk-link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setattr(service, "SCAN_BATCH", 50)
+    monkeypatch.setattr(service, "JUNK_PER_ACCOUNT", 60)
+    q = jobs.Queue(tmp_path / "q.sqlite")
+    seen: set[str] = set()
+    assert service.scan(hub, q, seen=seen) == [] and q.ignored()[0] == 50, "one batch a scan"
+    for _ in range(3):
+        service.scan(hub, q, seen=seen)
+    assert q.ignored()[0] == 60 and q.ignored_by(next(iter(q.ignored()[1]))[1]) == 60
+    assert len(list(hub.inbound.iterdir())) == 60, "the entries past the account's share were removed"
+    assert (tmp_path / "elsewhere").is_dir(), "a link is removed, never followed"

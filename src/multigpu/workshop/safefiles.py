@@ -14,6 +14,8 @@ or follows a symbolic link:
   changing each entry without following links: a folder swapped for a link mid-walk leads nowhere.
 - :func:`private_dir` makes a folder whose owner and mode are set before anything is put in it.
 - :func:`read_file` reads one file below a trusted folder, every step refusing links.
+- :func:`remove_entry` removes one entry of a folder through the folder's descriptor: a link is
+  removed, never followed.
 """
 
 from __future__ import annotations
@@ -240,3 +242,15 @@ def read_file(folder: str | os.PathLike, *below: str, max_bytes: int) -> bytes:
                 return data
             data += chunk
     raise ValueError(f"{name} is larger than {max_bytes:,} bytes")
+
+
+def remove_entry(folder_fd: int, name: str) -> None:
+    """Remove ``name`` from the folder open as ``folder_fd``: a folder with all it holds, anything
+    else (a link included, never followed) itself."""
+    import shutil
+
+    st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=folder_fd)
+    else:
+        os.unlink(name, dir_fd=folder_fd)
