@@ -209,7 +209,7 @@ HUB_ENV = MULTIGPU_HUB_ROOT=$(HUB_ROOT) MULTIGPU_HUB_IP=$(HUB_IP) MULTIGPU_HUB_P
           $(if $(HUB_URL),MULTIGPU_HUB_URL=$(HUB_URL)) PATH=$(HUB_PREFIX)/bin:/usr/local/bin:/usr/bin:/bin
 HUB_REPORT ?= bench/hub-load
 
-.PHONY: hub hub-deps hub-learners hub-queue hub-stop hub-check hub-tls hub-load hub-offboard test-hub
+.PHONY: hub hub-deps hub-learners hub-queue hub-stop hub-check hub-tls hub-load hub-offboard hub-release test-hub
 
 hub-deps: $(STAMP)
 	MULTIGPU_HUB_PREFIX=$(HUB_PREFIX) deploy/hub/install.sh
@@ -242,7 +242,13 @@ hub-stop:
 # after the workshop: each learner's home, submissions, feedback, results, certificate and grades
 # into $(HUB_ROOT)/archive/<date-time>/<login>.tar.gz, then the accounts are removed
 hub-offboard:
-	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop offboard --all
+	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop offboard --all $(if $(REMOVE_STAFF),--remove-staff)
+
+# an assignment released to the learners from a terminal, as the instructor (the formgrader's
+# Generate and Release buttons): make hub-release ASSIGNMENT=lab-00
+hub-release:
+	@test -n "$(ASSIGNMENT)" || { echo "make hub-release ASSIGNMENT=lab-00 (lab-00 ... lab-05, assessment)"; exit 1; }
+	$(HUB_ENV) $(HUB_PREFIX)/bin/multigpu workshop release $(ASSIGNMENT)
 
 # the room load test (docs/workshop.md, "Measured"): LEARNERS accounts in a scratch hub log in
 # within a minute, run Lab 0's check at once, submit Lab 0 twice; the hub is restarted once while

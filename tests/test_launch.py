@@ -230,3 +230,38 @@ def test_killing_a_job_kills_what_it_started_in_sessions_of_its_own(tmp_path):
 
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE, \
         "a process the job started in its own session outlived the job"
+
+
+def test_no_hub_token_or_oauth_setting_reaches_a_jobs_workers(monkeypatch):
+    for name in ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", "JUPYTERHUB_OAUTH_CLIENT_ALLOWED_SCOPES"):
+        monkeypatch.setenv(name, "hub-secret")
+    env = launch.worker_env({"ASKED": "1"})
+    assert env["ASKED"] == "1" and not [k for k in env if "hub-secret" in env[k]]
+
+
+def command_lines_holding(marker):
+    import os
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+def test_a_gloo_jobs_command_lines_hold_no_hub_token(monkeypatch):
+    """horovodrun --gloo starts its workers with their whole environment on a command line that every
+    account may read: the token of the learner's hub server must not be in it."""
+    marker = "hub-token-7c4e1a"
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", marker)
+    found = launch.run_horovod(command_lines_holding, 2, args=(marker,), horovod_args=["--gloo"],
+                               timeout=120, echo=False)
+    assert found == [[], []], f"processes with the token on their command line: {found}"

@@ -172,35 +172,6 @@ def test_handing_a_tree_over_changes_links_not_what_they_point_to(tmp_path):
         safefiles.open_dir(tree, "..")
 
 
-def test_a_stopped_learners_shared_memory_files_go_and_nobody_elses(tmp_path):
-    """What the hub does in /dev/shm when a learner's server stops, in a folder of the same kind
-    (sticky, everyone's): the learner's files, folders and links go, no link is followed."""
-    import os
-
-    from multigpu.workshop import safefiles
-
-    if os.getuid() != 0:
-        pytest.skip("needs root: the files belong to two accounts")
-    shm = tmp_path / "shm"
-    shm.mkdir(mode=0o1777)
-    learner, other = 65534, os.getuid()
-    keep = shm / "torch_other"
-    keep.write_bytes(b"x" * 4096)
-    outside = tmp_path / "root-file"
-    outside.write_text("root's")
-    (shm / "big").write_bytes(b"x" * 2**20)
-    (shm / "dir").mkdir()
-    (shm / "dir" / "inner").write_text("mine")
-    (shm / "dir" / "to-root").symlink_to(outside)
-    (shm / "link").symlink_to(outside)
-    for name in ("big", "dir", "dir/inner", "dir/to-root", "link"):
-        os.chown(shm / name, learner, learner, follow_symlinks=False)
-    assert safefiles.remove_owned(shm, learner) == 3
-    assert sorted(p.name for p in shm.iterdir()) == ["torch_other"]
-    assert outside.read_text() == "root's" and keep.stat().st_uid == other
-    assert safefiles.remove_owned(shm, learner) == 0
-
-
 def test_an_autograded_notebook_reaches_the_instructor_without_script_but_with_what_grading_reads():
     import nbformat
 
@@ -377,3 +348,28 @@ def test_a_notebook_that_sleeps_gives_the_grader_back_at_its_assignments_limit(t
     assert time.monotonic() - start < 60
     left = subprocess.run(["pgrep", "-f", str(root)], capture_output=True, text=True).stdout.split()
     assert not left, f"processes of the stopped grading still run (its kernel): {left}"
+
+
+def test_a_flood_of_entries_in_the_inbound_folder_is_looked_at_in_bounded_batches_and_removed_past_a_share(
+        tmp_path, monkeypatch):
+    """A learner who makes thousands of folders in the exchange's inbound folder: each scan looks at a
+    bounded number of new entries, the first of that account's entries are recorded as not graded,
+    and the rest are removed, so neither the records nor the folder grow without end."""
+    from multigpu.workshop import service
+
+    hub = layout.Hub(tmp_path)
+    hub.inbound.mkdir(parents=True)
+    for i in range(130):
+        (hub.inbound / f"junk-{i:03d}").mkdir()
+    (hub.inbound / "junk-link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setattr(service, "SCAN_BATCH", 50)
+    monkeypatch.setattr(service, "JUNK_PER_ACCOUNT", 60)
+    q = jobs.Queue(tmp_path / "q.sqlite")
+    seen: set[str] = set()
+    assert service.scan(hub, q, seen=seen) == [] and q.ignored()[0] == 50, "one batch a scan"
+    for _ in range(3):
+        service.scan(hub, q, seen=seen)
+    assert q.ignored()[0] == 60 and q.ignored_by(next(iter(q.ignored()[1]))[1]) == 60
+    assert len(list(hub.inbound.iterdir())) == 60, "the entries past the account's share were removed"
+    assert (tmp_path / "elsewhere").is_dir(), "a link is removed, never followed"

@@ -913,3 +913,224 @@ def test_3_handing_a_folder_over_never_follows_a_link_swapped_in_mid_walk():
         assert not taken, f"root's files given to the racing account: {taken}"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------ issue 48: one learner, another's
+_SERVERS: dict[str, object] = {}
+
+
+def server(hub: ScratchHub, user: str):
+    """``user``'s own JupyterLab on the hub (logged in, server started), as their browser drives it."""
+    from multigpu.workshop.learnerclient import Learner
+
+    if user not in _SERVERS:
+        learner = Learner(hub.base, user, hub.learners[user])
+        learner.login()
+        learner.wait_ready()
+        _SERVERS[user] = learner
+    return _SERVERS[user]
+
+
+def in_kernel(hub: ScratchHub, user: str, code: str, timeout: float = 300) -> str:
+    """Run ``code`` in a kernel of ``user``'s server, as a notebook cell; its output (the cell must pass)."""
+    learner = server(hub, user)
+    kernel = learner.start_kernel()
+    ran = learner.execute(kernel, code, timeout=timeout)
+    learner.api("DELETE", f"api/kernels/{kernel}")
+    assert ran.status == "ok", f"{user}'s cell failed: {ran.error}\n{ran.output[-2000:]}"
+    return ran.output
+
+
+#: A job the way a learner runs one from a terminal: plain horovodrun --gloo with the kernel's own
+#: environment (the hub token in it), its rendezvous port told, a pause in which others may look.
+GLOO_JOB = """
+import json, os, subprocess, sys, tempfile, textwrap
+script = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)
+script.write(textwrap.dedent('''
+    import os, time, horovod.torch as hvd, torch
+    hvd.init()
+    if hvd.rank() == 0:
+        print("RENDEZVOUS", os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT"), flush=True)
+    time.sleep({pause})
+    print("SUM", float(hvd.allreduce(torch.ones(1), name="s", op=hvd.Sum)), flush=True)
+'''))
+script.close()
+job = subprocess.Popen(["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, script.name],
+                       stdout=open(os.path.expanduser("~/gloo-job.log"), "w"), stderr=subprocess.STDOUT)
+print(json.dumps({{"pid": job.pid, "token": os.environ["JUPYTERHUB_API_TOKEN"]}}))
+"""
+
+
+def start_gloo_job(hub: ScratchHub, user: str, pause: float) -> dict:
+    out = in_kernel(hub, user, GLOO_JOB.format(pause=pause))
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def gloo_log(user: str) -> str:
+    path = home(user) / "gloo-job.log"
+    return path.read_text() if path.exists() else ""
+
+
+SCAN = """
+import os, json
+token = {token!r}
+mine = os.getuid()
+found, others, seen = [], set(), 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    seen += 1
+    try:
+        uid = os.stat(f"/proc/{{pid}}").st_uid
+        if uid != mine:
+            others.add(uid)
+        for part in ("cmdline", "environ"):
+            try:
+                with open(f"/proc/{{pid}}/{{part}}", "rb") as f:
+                    if token.encode() in f.read():
+                        found.append((pid, part))
+            except OSError:
+                pass
+    except OSError:
+        pass
+print(json.dumps({{"found": found, "other_uids": sorted(others), "seen": seen}}))
+"""
+
+
+def test_13_no_learner_reads_anothers_hub_token_while_they_run_a_gloo_job(hub):
+    """B runs a Gloo job from their server as a learner would (horovodrun --gloo, whose workers get
+    their environment on a 'sh -c env ...' command line, B's hub token in it). A scans every
+    /proc/*/cmdline and /proc/*/environ meanwhile: no token of B, no process of anyone else. (Before:
+    A read B's token there and acted as B through the hub.) B itself sees its job, so the scan looks."""
+    a, b = learners(hub)
+    job = start_gloo_job(hub, b, pause=25)
+    deadline = time.monotonic() + 120
+    while "RENDEZVOUS" not in gloo_log(b) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "RENDEZVOUS" in gloo_log(b), f"B's job did not start:\n{gloo_log(b)[-2000:]}"
+    seen_by_a = json.loads(in_kernel(hub, a, SCAN.format(token=job["token"])).strip().splitlines()[-1])
+    seen_by_b = json.loads(in_kernel(hub, b, SCAN.format(token=job["token"])).strip().splitlines()[-1])
+    assert seen_by_b["found"], "B's own scan did not find its token: the scan proves nothing"
+    assert seen_by_a["found"] == [], f"A read B's hub token in {seen_by_a['found']}"
+    assert pwd.getpwnam(b).pw_uid not in seen_by_a["other_uids"], "A saw B's processes"
+    wait_for("B's job did not finish", lambda: "SUM 2.0" in gloo_log(b), 180, hub)
+
+
+RENDEZVOUS_ATTACK = """
+import json, socket, urllib.request
+port = {port}
+tried = {{}}
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=3).close()
+    tried["connect"] = "connected"
+except OSError as e:
+    tried["connect"] = type(e).__name__
+try:
+    req = urllib.request.Request(f"http://127.0.0.1:{{port}}/global/rank_0", data=b"garbage", method="PUT")
+    tried["put"] = urllib.request.urlopen(req, timeout=3).status
+except Exception as e:
+    tried["put"] = type(e).__name__
+print(json.dumps(tried))
+"""
+
+
+def test_14_no_learner_reaches_anothers_rendezvous_and_the_job_finishes(hub):
+    """B's Gloo rendezvous listens on every address of B's network namespace, unauthenticated; A
+    connects and PUTs garbage to its port from A's server: refused (A's loopback is A's alone), and B's
+    job sums right. (Before: the PUT answered 200 and B's rank died.)"""
+    a, b = learners(hub)
+    start_gloo_job(hub, b, pause=20)
+    deadline = time.monotonic() + 120
+    while "RENDEZVOUS" not in gloo_log(b) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    port = int(gloo_log(b).split("RENDEZVOUS", 1)[1].split()[0])
+    tried = json.loads(in_kernel(hub, a, RENDEZVOUS_ATTACK.format(port=port)).strip().splitlines()[-1])
+    assert tried == {"connect": "ConnectionRefusedError", "put": "URLError"}, tried
+    wait_for("B's job did not finish", lambda: "SUM 2.0" in gloo_log(b), 180, hub)
+
+
+SHARED_MEMORY = """
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+segment = libc.shmget(0, 64 * 2**20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600: 64 MB nobody removes
+os.makedirs("/dev/shm/open-to-all", exist_ok=True)
+os.chmod("/dev/shm/open-to-all", 0o1777)
+with open("/dev/shm/open-to-all/held", "wb") as f:
+    f.write(b"x" * 32 * 2**20)
+print(json.dumps({"segment": segment, "listing": sorted(os.listdir("/dev/shm"))}))
+"""
+
+
+def segments_of(uid: int) -> list[str]:
+    """The System V segments the box lists for ``uid`` (ipcs -m; a learner's own are in their namespace)."""
+    out = subprocess.run(["ipcs", "-m", "-c"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()[3:] if line.split() and str(uid) in line.split()[2:4]]
+
+
+def test_15_shared_memory_and_system_v_segments_go_with_the_learners_server(hub):
+    """A leaves a 64 MB System V segment and a 32 MB file in a world-writable folder of /dev/shm,
+    then A's server stops: nothing of it is left on the box, and B never saw the folder. (Before:
+    both outlived the server, make hub-stop and make hub-offboard, counted against no one.)"""
+    a, b = learners(hub)
+    uid = pwd.getpwnam(a).pw_uid
+    made = json.loads(in_kernel(hub, a, SHARED_MEMORY).strip().splitlines()[-1])
+    assert made["segment"] >= 0 and "open-to-all" in made["listing"]
+    assert not Path("/dev/shm/open-to-all").exists(), "A's /dev/shm is the box's"
+    listing = json.loads(in_kernel(hub, b, "import os, json; print(json.dumps(os.listdir('/dev/shm')))").strip())
+    assert "open-to-all" not in listing, "B sees A's shared memory"
+    assert not segments_of(uid), "A's segment is in the box's IPC namespace"
+    server(hub, a).stop_server()
+    _SERVERS.pop(a)
+    wait_for(f"{a}'s processes outlived the server", lambda: not [p for p in psutil.process_iter(["uids"])
+                                                                   if p.info["uids"] and p.info["uids"].real == uid], 60, hub)
+    assert not segments_of(uid) and not Path("/dev/shm/open-to-all").exists()
+
+
+SQUAT = """
+import http.server, json, socket, threading
+class Squat(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"squatted")
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", {port}), Squat)
+threading.Thread(target=s.serve_forever, daemon=True).start()
+import time; time.sleep({seconds})
+s.shutdown()
+print("done")
+"""
+
+
+def server_port(user: str) -> int:
+    """The port of ``user``'s server on the box (its namespaces' relay listens there for the proxy)."""
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "multigpu.workshop.namespaces" in cmd and cmd[cmd.index("--user") + 1] == user:
+            return int(cmd[cmd.index("--port") + 1])
+    raise AssertionError(f"no server of {user} runs")
+
+
+def test_16_no_learner_takes_the_route_of_a_server_that_died_while_the_hub_was_down(hub):
+    """The hub is down (restarting) and B's server dies; the proxy keeps B's route (cleanup_proxy off)
+    to 127.0.0.1:<B's port>. A's server listens on that port: in A's own network namespace, which the
+    proxy never reaches, so B's route leads nowhere instead of to A's page."""
+    import threading
+
+    a, b = learners(hub)
+    learner_b = server(hub, b)
+    port = server_port(b)
+    squat = threading.Thread(target=in_kernel, args=(hub, a, SQUAT.format(port=port, seconds=40)), daemon=True)
+    squat.start()
+    time.sleep(10)  # A listens
+    hub.stop()
+    try:
+        uid = pwd.getpwnam(b).pw_uid
+        for p in psutil.process_iter(["uids", "cmdline"]):  # B's server dies while the hub is down
+            if "multigpu.workshop.namespaces" in (p.info["cmdline"] or []) and b in p.info["cmdline"] \
+                    or (p.info["uids"] and p.info["uids"].real == uid):
+                p.kill()
+        time.sleep(2)
+        r = learner_b.session.get(f"{hub.base}/user/{b}/api/status", timeout=30)
+        assert "squatted" not in r.text, "the proxy took B's route to A's server"
+    finally:
+        _SERVERS.pop(b, None)
+        squat.join(60)
+        hub.start()

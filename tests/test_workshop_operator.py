@@ -223,3 +223,41 @@ def test_verify_without_the_public_key_says_where_it_is(tmp_path, capsys):
     assert "Traceback" not in err
     assert cli.main(["verify", str(tmp_path / "missing.json"), "--public-key", str(cert)]) == 2
     assert "no certificate at" in capsys.readouterr().err
+
+
+def test_hub_check_finds_copies_of_the_course_whose_solutions_learners_can_read():
+    """A second clone made with a default umask (755) gives learners its solutions: found, however deep
+    it sits within the search's depth, and no longer once its solutions/ is closed."""
+    import shutil
+    import tempfile
+
+    from conftest import REPO
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="multigpu-checkouts-"))  # pytest's own folders are closed (700)
+    tmp_path.chmod(0o755)
+    try:
+        copies_found_while_readable(tmp_path, REPO)
+    finally:
+        shutil.rmtree(tmp_path)
+
+
+def copies_found_while_readable(tmp_path, repo):
+    import shutil
+
+    home = tmp_path / "home" / "someone"
+    clone = home / "work" / "course"
+    (clone / "solutions" / "assessments").mkdir(parents=True)
+    shutil.copy(repo / "nbgrader_config.py", clone)
+    (clone / "solutions" / "assessments" / "train.py").write_text("the reference\n")
+    for p in (tmp_path, tmp_path / "home", home, home / "work", clone, clone / "solutions"):
+        p.chmod(0o755)
+    deep = tmp_path / "a" / "b" / "c" / "d" / "e" / "course"
+    shutil.copytree(clone, deep)
+    assert preflight.course_copies([tmp_path / "home"]) == [clone]
+    assert clone not in preflight.course_copies([tmp_path], depth=2) and deep not in preflight.course_copies([tmp_path])
+    assert preflight.readable_by_learners(clone / "solutions")
+    (clone / "solutions").chmod(0o700)
+    assert not preflight.readable_by_learners(clone / "solutions")
+    (clone / "solutions").chmod(0o755)
+    home.chmod(0o700)  # a closed home closes what is below it
+    assert not preflight.readable_by_learners(clone / "solutions")

@@ -86,15 +86,26 @@ def horovodrun_command(np: int, hosts: str | None = None, horovod_args: Sequence
     return [executable("horovodrun"), "-np", str(np), "-H", hosts or f"localhost:{np}", *chosen, *horovod_args]
 
 
+#: What a job's workers never get from the process that starts them: a JupyterHub server's token,
+#: OAuth client and cookie settings (``horovodrun --gloo`` writes its workers' whole environment on
+#: a command line; no worker needs to speak for the learner to the hub).
+SECRET_PREFIXES = ("JUPYTERHUB_", "JPY_")
+
+
+def without_secrets(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith(SECRET_PREFIXES)}
+
+
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for workers: :func:`horovod_defaults`, then ours, with this package
-    importable, the venv's tools first on ``PATH`` (``horovodrun`` starts the venv's ``mpirun``)
-    and output unbuffered. ``extra`` overrides variables; a ``PYTHONPATH`` in it goes after this
-    package's folder and before the inherited one."""
+    """The environment for workers: :func:`horovod_defaults`, then ours without the hub's secrets
+    (:data:`SECRET_PREFIXES`), with this package importable, the venv's tools first on ``PATH``
+    (``horovodrun`` starts the venv's ``mpirun``) and output unbuffered. ``extra`` overrides
+    variables; a ``PYTHONPATH`` in it goes after this package's folder and before the inherited one."""
     from multigpu.core import devices
 
     extra = {k: str(v) for k, v in (extra or {}).items()}
-    env = {**horovod_defaults(True if devices.cpu_forced({**os.environ, **extra}) else None), **os.environ}
+    env = {**horovod_defaults(True if devices.cpu_forced({**os.environ, **extra}) else None),
+           **without_secrets(dict(os.environ))}
     paths = [str(layout.IMPORT_ROOT), extra.pop("PYTHONPATH", ""), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH", "")) if p)

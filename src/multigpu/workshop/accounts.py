@@ -199,6 +199,14 @@ def ensure_service_user(login: str = layout.GRADER_USER) -> pwd.struct_passwd:
     return pwd.getpwnam(login)
 
 
+def remove_service_user(login: str = layout.GRADER_USER) -> None:
+    """Delete the grading account (a system account without home) and everything it still runs."""
+    _require_root("removing the grading account")
+    if exists(login):
+        stop_processes(login)
+        _run(["userdel", login])
+
+
 def sheet(rows: list[tuple[str, str]], url: str) -> str:
     """The printable sheet of logins and one-time passwords."""
     width = max([len("login"), *(len(r[0]) for r in rows)])

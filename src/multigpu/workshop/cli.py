@@ -50,7 +50,9 @@ def setup(instructor: str) -> int:
     accounts.ensure_group(layout.LEARNERS_GROUP)
     if not accounts.exists(instructor):
         secret = accounts.create(instructor, layout.INSTRUCTORS_GROUP)
-        print(accounts.sheet([(instructor, secret)], hub_url()).replace("Workshop accounts", "Instructor account"))
+        sheet = write_sheet(hub.instructor_sheet, [(instructor, secret)])
+        print(f"instructor account {instructor} created: its one-time password is in {sheet} (root only; "
+              "never printed, so no log keeps it)")
     elif instructor not in accounts.members(layout.INSTRUCTORS_GROUP):
         print(f"error: {instructor!r} exists and is not in group {layout.INSTRUCTORS_GROUP}: pick another "
               "--instructor or add it to that group", file=sys.stderr)
@@ -68,6 +70,35 @@ def setup(instructor: str) -> int:
 
 def cmd_setup(args: argparse.Namespace) -> int:
     return setup(args.instructor)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """Release an assignment from a terminal: what the formgrader's Generate and Release buttons
+    run, as the instructor, in the hub's course."""
+    import pwd
+    import subprocess
+
+    from multigpu.workshop import hubconfig
+
+    hub = Hub.default()
+    instructor = args.instructor or hubconfig.instructors()[0]
+    try:
+        pw = pwd.getpwnam(instructor)
+    except KeyError:
+        print(f"error: no account {instructor!r}: make hub creates the instructor's", file=sys.stderr)
+        return 1
+    nbgrader = str(Path(sys.executable).parent / "nbgrader")
+    env = {"HOME": pw.pw_dir, "USER": instructor, "PATH": os.pathsep.join([str(Path(sys.executable).parent),
+                                                                           accounts.SYSTEM_PATH])}
+    for step in (["generate_assignment", args.assignment, "--force"], ["release_assignment", args.assignment]):
+        done = subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--",
+                               nbgrader, *step], cwd=hub.course, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"error: nbgrader {step[0]} {args.assignment} as {instructor} failed:\n{done.stdout}{done.stderr}",
+                  file=sys.stderr)
+            return 1
+    print(f"{args.assignment} released to the exchange {hub.exchange} (learners fetch it from their Assignments tab)")
+    return 0
 
 
 def cmd_hub(args: argparse.Namespace) -> int:
@@ -112,12 +143,19 @@ def cmd_add(args: argparse.Namespace) -> int:
     text = accounts.sheet(rows, hub_url())
     print(text)
     if args.sheet:
-        args.sheet.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(args.sheet, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("login,password\n" + "".join(f"{a},{b}\n" for a, b in rows))
+        write_sheet(args.sheet, rows)
         print(f"\nthe sheet is also in {args.sheet} (mode 600: delete it after the workshop)")
     return 0
+
+
+def write_sheet(path: Path, rows: list[tuple[str, str]]) -> Path:
+    """``login,password`` rows in ``path``, made root's alone (mode 600) before anything is in it."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("login,password\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    return path
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
@@ -149,7 +187,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
     import psutil
 
-    from multigpu.workshop import proxy
+    from multigpu.workshop import limits, proxy
 
     hub = Hub.default()
     procs = servers_of(hub)
@@ -162,8 +200,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
     for p in alive:
         p.kill()
     had_proxy = proxy.stop(hub)
+    users = accounts.members(layout.LEARNERS_GROUP) | accounts.members(layout.INSTRUCTORS_GROUP)
+    groups = [g for g in limits.groups() if g.removeprefix("user-") in users]
+    for group in groups:  # what is left in a server's control group goes with it (its namespaces went with the server)
+        limits.release(group)
     print(f"stopped {len(procs)} server(s){' and the proxy' if had_proxy else ''}"
-          + (f" ({len(alive)} killed after 20 s)" if alive else ""))
+          + (f" ({len(alive)} killed after 20 s)" if alive else "") + f"; removed {len(groups)} control group(s)")
     return 0
 
 
@@ -221,6 +263,12 @@ def cmd_offboard(args: argparse.Namespace) -> int:
     for login, path in done:
         print(f"archived {login} -> {path}; account removed")
     print(f"{len(done)} learner(s) offboarded; the room's grades: {folder / 'grades.csv'}")
+    if args.remove_staff:
+        if not args.all:
+            print("error: --remove-staff goes with --all (the staff leave after the whole room)", file=sys.stderr)
+            return 1
+        for login in offboard.remove_staff(hub):
+            print(f"removed {login}")
     return 0
 
 
@@ -296,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--instructor", default=os.environ.get("MULTIGPU_HUB_INSTRUCTORS", layout.INSTRUCTOR).split(",")[0],
                        help=f"the instructor's login (default {layout.INSTRUCTOR})")
         p.set_defaults(func=fn)
+    p = sub.add_parser("release", help="release an assignment to the learners, as the instructor (make hub-release)")
+    p.add_argument("assignment", help="lab-00 ... lab-05 or assessment")
+    p.add_argument("--instructor", default=None, help="the instructor's login (default: the hub's first instructor)")
+    p.set_defaults(func=cmd_release)
     p = sub.add_parser("add-learners", help="create learner accounts; print logins and one-time passwords")
     p.add_argument("count", type=int, nargs="?", default=None, help="how many numbered accounts (learner01, ...)")
     p.add_argument("--csv", type=Path, default=None, help="a CSV of logins (column 'login', else the first)")
@@ -309,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("names", nargs="*")
     p.add_argument("--all", action="store_true", help="every workshop learner account")
     p.add_argument("--to", type=Path, default=None, help="the archive folder (default ROOT/archive/<date-time>)")
+    p.add_argument("--remove-staff", action="store_true",
+                   help="with --all: then remove the instructor accounts and the grading account too")
     p.set_defaults(func=cmd_offboard)
     p = sub.add_parser("check", help="preflight: what this box lacks for a room (make hub-check)")
     p.add_argument("--learners", default="30", help="the room's size, or its CSV of logins")

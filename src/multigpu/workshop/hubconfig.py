@@ -7,7 +7,9 @@
   the kernel's file permissions are what keep learners apart. Only members of the workshop's
   groups may log in; instructors are hub admins.
 - Servers: :class:`WorkshopSpawner`, JupyterHub's ``LocalProcessSpawner`` that also confines each
-  server (``limits.confine``: its own cgroup, the learners' cores only). A learner's server is
+  server (``limits.confine``: its own cgroup, the learners' cores only) and runs it, as its user,
+  in PID, network, IPC and mount namespaces of its own (``namespaces``: no user sees another's
+  processes, reaches their jobs' ports or leaves shared memory behind). A learner's server is
   JupyterLab as ``make lab`` configures it (``jupyter/learner``) plus nbgrader's exchange; the
   instructor's serves the hub course with the formgrader (``jupyter/instructor``).
 - The grading service (``multigpu.workshop.service``), started and restarted by the hub.
@@ -29,13 +31,12 @@ learners and certificate verifiers use, when it is not ``http(s)://IP:PORT``).
 from __future__ import annotations
 
 import os
-import pwd
 import sys
 from pathlib import Path
 from typing import Any
 
 from multigpu.core import layout as course_layout
-from multigpu.workshop import jobs, layout, limits, proxy, safefiles, spawnqueue
+from multigpu.workshop import jobs, layout, limits, proxy, spawnqueue
 from multigpu.workshop.layout import Hub
 
 try:
@@ -57,8 +58,6 @@ SERVICE_VARS = ("MULTIGPU_GRADING_PROFILE", "MULTIGPU_QUICK", "MULTIGPU_QUEUE_LI
                 "MULTIGPU_CERTIFICATE_KEY", "MULTIGPU_GRADING_PIDS", "MULTIGPU_GRADING_MEM_GB", "MULTIGPU_GRADING_JOB_MEM_GB",
                 "MULTIGPU_SANDBOX_USER",
                 "PATH")
-#: The box's shared memory folder: a learner's files there are removed when their server stops.
-SHARED_MEMORY = Path("/dev/shm")
 #: The idle culler's defaults: a server nobody used for an hour (no open tab, no busy kernel) is
 #: stopped, checked every 5 minutes; the learner's files stay, a new login starts it again.
 CULL_TIMEOUT_S = 3600
@@ -127,8 +126,8 @@ def server_env(hub: Hub, instructor: bool) -> dict[str, str]:
 
 
 class WorkshopSpawner(LocalProcessSpawner):
-    """LocalProcessSpawner that confines each server (see ``limits``) and gives instructors and
-    learners their own view."""
+    """LocalProcessSpawner that confines each server (see ``limits``), runs it in its user's own
+    namespaces (see ``namespaces``) and gives instructors and learners their own view."""
 
     def is_instructor(self) -> bool:
         return self.user.name in instructors()
@@ -140,6 +139,8 @@ class WorkshopSpawner(LocalProcessSpawner):
 
     #: The cores a starting server may use (``spawnqueue``: every core while no grading runs).
     spawn_cores: list[int] | None = None
+    port: int  # JupyterHub's traits, as this class uses them
+    cmd: list[str]
 
     async def start(self) -> Any:
         hub = Hub.default()
@@ -148,6 +149,11 @@ class WorkshopSpawner(LocalProcessSpawner):
             self.default_url = "/lab/tree/source"
         else:
             self.default_url = "/lab"
+        if self.port == 0:
+            from jupyterhub.utils import random_port
+
+            self.port = random_port()
+        self.cmd = server_command(self.user.name, self.port, self.cmd)
         learner_cores, grading_cores = cores()
         queue = spawnqueue.queue(len(set(learner_cores) | set(grading_cores)))
         await queue.enter(self.user.name)
@@ -170,14 +176,8 @@ class WorkshopSpawner(LocalProcessSpawner):
     async def stop(self, now: bool = False) -> None:
         await super().stop(now=now)
         limits.release(f"user-{self.user.name}")
-        if not self.is_instructor():  # memory files outlive their server and count against no one once it is gone
-            try:
-                safefiles.remove_owned(SHARED_MEMORY, pwd.getpwnam(self.user.name).pw_uid)
-            except (KeyError, OSError) as e:  # no such account, no /dev/shm: the server is stopped all the same
-                self.log.warning("%s: shared memory files not removed: %s", self.user.name, e)
 
     def make_preexec_fn(self, name: str) -> Any:
-        become = super().make_preexec_fn(name)
         learner_cores, _grading = cores()
         learner_cores = self.spawn_cores or learner_cores
         cpu = None if self.is_instructor() else float(os.environ.get("MULTIGPU_LEARNER_CPUS") or LEARNER_CPUS)
@@ -185,11 +185,22 @@ class WorkshopSpawner(LocalProcessSpawner):
         pids = None if self.is_instructor() else env_int("MULTIGPU_LEARNER_PIDS", LEARNER_PIDS)
         group = f"user-{name}"
 
-        def confine_then_become() -> None:  # in the forked child, as root, before it becomes the user
+        def confine() -> None:  # in the forked child, as root: it becomes the user inside its namespaces
             limits.confine(group, os.getpid(), cores=learner_cores, cpu_limit=cpu, mem_limit=mem, pids_limit=pids)
-            become()
 
-        return confine_then_become
+        return confine
+
+
+def server_command(name: str, port: int, cmd: list[str]) -> list[str]:
+    """A user's server command, run as that user in namespaces of their own (``namespaces``): the
+    proxy reaches it at ``127.0.0.1:port`` and it reaches the hub's API; nothing else crosses.
+    Its shared memory is bounded by a learner's memory share."""
+    if "multigpu.workshop.namespaces" in cmd:
+        return cmd  # already wrapped (a restart of the same spawner)
+    hub_port = internal_ports()["MULTIGPU_HUB_INTERNAL_PORT"]
+    shm = int(float(os.environ.get("MULTIGPU_LEARNER_MEM_GB") or LEARNER_MEM_GB) * 2**30)
+    return [sys.executable, "-m", "multigpu.workshop.namespaces", "--user", name, "--port", str(port),
+            "--relay", str(hub_port), "--shm-bytes", str(shm), "--", *cmd]
 
 
 def tls_files() -> tuple[str, str] | None:

@@ -142,6 +142,11 @@ class Queue:
             db.execute("INSERT OR IGNORE INTO ignored (name, owner, reason, at) VALUES (?, ?, ?, ?)",
                        (os.fsencode(name), owner, reason, time.time()))
 
+    def ignored_by(self, owner: str) -> int:
+        """How many entries of ``owner`` were recorded as not submissions."""
+        with self._db() as db:
+            return db.execute("SELECT COUNT(*) FROM ignored WHERE owner = ?", (owner,)).fetchone()[0]
+
     def ignored(self, limit: int = 20) -> tuple[int, list[tuple[str, str, str]]]:
         """How many entries were ignored, and the latest ``limit`` as ``(name, owner, reason)``."""
         with self._db() as db:

@@ -93,6 +93,11 @@ class Hub:
         return self.state / "queue.sqlite"
 
     @property
+    def instructor_sheet(self) -> Path:
+        """The instructor account's one-time password (root only; ``make hub`` writes it)."""
+        return self.state / "instructor-sheet.csv"
+
+    @property
     def results(self) -> Path:
         return self.state / "results"
 

@@ -16,6 +16,7 @@ whatever is left in a group, then removes it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -192,6 +193,16 @@ def _folders(name: str) -> list[Path]:
     if version() == 2:
         return [CGROUP / PARENT / name]
     return [CGROUP / c / PARENT / name for c in V1_CONTROLLERS]
+
+
+def groups() -> list[str]:
+    """The names of the workshop's control groups that exist now (in any hierarchy)."""
+    roots = [CGROUP / PARENT] if version() == 2 else [CGROUP / c / PARENT for c in V1_CONTROLLERS]
+    found: set[str] = set()
+    for root in roots:
+        with contextlib.suppress(OSError):
+            found |= {p.name for p in root.iterdir() if p.is_dir()}
+    return sorted(found)
 
 
 def members(name: str) -> set[int]:

@@ -109,3 +109,17 @@ def offboard(hub: Hub, logins: list[str], folder: Path) -> list[tuple[str, Path]
         for sheet in hub.state.glob("learners-sheet*.csv"):
             sheet.unlink()
     return done
+
+
+def remove_staff(hub: Hub) -> list[str]:
+    """After the whole room: the instructor accounts (their homes; the hub's course and results stay
+    in the hub's root, root's) and the grading account. Returns the logins removed."""
+    removed = []
+    for login in sorted(accounts.members(layout.INSTRUCTORS_GROUP)):
+        accounts.remove(login, layout.INSTRUCTORS_GROUP)
+        removed.append(login)
+    if accounts.exists(layout.GRADER_USER):
+        accounts.remove_service_user(layout.GRADER_USER)
+        removed.append(layout.GRADER_USER)
+    hub.instructor_sheet.unlink(missing_ok=True)
+    return removed

@@ -94,7 +94,98 @@ def isolation() -> list[Check]:
                "bounded (run on a machine or container that lets root write /sys/fs/cgroup)")
     why = sandbox.unavailable()
     bw = Check("bubblewrap", "FAIL" if why else "OK", why or "the grading sandbox starts (user, PID and network namespaces)")
-    return [cg, bw]
+    return [cg, bw, learner_namespaces()]
+
+
+def learner_namespaces() -> Check:
+    """Whether root can give each learner's server its namespaces here (``namespaces``)."""
+    from multigpu.workshop import namespaces
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWIPC | namespaces.CLONE_NEWNET
+                              | namespaces.CLONE_NEWPID)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0:
+        return Check("namespaces", "OK", "each learner's server gets PID, network, IPC and mount namespaces of its own")
+    return Check("namespaces", "FAIL", "root cannot make PID, network, IPC and mount namespaces here (a container "
+                 "without CAP_SYS_ADMIN?): learners' servers would not start; run the hub on the machine or a "
+                 "privileged container")
+
+
+#: Where other copies of the course are usually kept (every home folder too, and
+#: ``MULTIGPU_EXTRA_CHECKOUTS``, a list of folders separated by ``:``), and how deep to look.
+CHECKOUT_ROOTS = (Path("/srv"), Path("/opt"))
+CHECKOUT_DEPTH = 4
+#: Folders looked at in all, at most (a home full of files must not stall the check).
+CHECKOUT_VISITS = 50_000
+
+
+def course_copies(roots: list[Path], depth: int = CHECKOUT_DEPTH) -> list[Path]:
+    """Every copy of this course (a folder with ``nbgrader_config.py`` and ``solutions/``) at most
+    ``depth`` folders below ``roots``; links are not followed."""
+    from multigpu.core import layout as course_layout
+
+    found: list[Path] = []
+    frontier = [(r, 0) for r in roots if r.is_dir() and not r.is_symlink()]
+    visits = 0
+    while frontier and visits < CHECKOUT_VISITS:
+        folder, level = frontier.pop()
+        visits += 1
+        if course_layout.is_course(folder):
+            found.append(folder)
+            continue
+        if level >= depth:
+            continue
+        try:
+            frontier += [(e, level + 1) for e in folder.iterdir() if e.is_dir() and not e.is_symlink()]
+        except OSError:
+            continue
+    return sorted(set(found))
+
+
+def readable_by_learners(path: Path) -> bool:
+    """Whether an account that is neither root nor the owner reads ``path`` (a folder: lists and
+    enters it): every folder above it lets others (or the learners' group) in."""
+    import grp
+
+    from multigpu.workshop import layout
+
+    try:
+        learners = grp.getgrnam(layout.LEARNERS_GROUP).gr_gid
+    except KeyError:
+        learners = None
+
+    def allows(st: os.stat_result, bits: int) -> bool:
+        return bool(st.st_mode & bits) or (st.st_gid == learners and bool(st.st_mode & (bits << 3)))
+
+    try:
+        for folder in reversed(path.resolve().parents):
+            if not allows(folder.stat(), 0o001):
+                return False
+        st = path.stat()
+    except OSError:
+        return False
+    return allows(st, 0o005 if path.is_dir() else 0o004)
+
+
+def other_checkouts() -> list[Check]:
+    """Copies of the course whose solutions a learner can read (the hub's own checkout is closed by
+    ``make hub``; a second clone with a default umask is not)."""
+    import pwd
+
+    homes = sorted({Path(u.pw_dir) for u in pwd.getpwall() if u.pw_dir not in ("", "/")})
+    extra = [Path(p) for p in os.environ.get("MULTIGPU_EXTRA_CHECKOUTS", "").split(":") if p]
+    roots = [*homes, *CHECKOUT_ROOTS, *extra]
+    open_ = [c for c in course_copies(roots) if readable_by_learners(c / "solutions")]
+    if open_:
+        return [Check("other copies", "FAIL", "learners can read the solutions of the course copies at "
+                      + ", ".join(map(str, open_)) + ": chmod 700 their solutions/ folder (or the copy) or remove them")]
+    return [Check("other copies", "OK", "no copy of the course with solutions learners can read under the homes, "
+                  + ", ".join(str(r) for r in (*CHECKOUT_ROOTS, *extra)))]
 
 
 def hub_running(hub: Hub) -> bool:
@@ -182,7 +273,7 @@ def run(learners: int) -> list[Check]:
     key = Path(os.environ.get("MULTIGPU_CERTIFICATE_KEY") or certificates.default_key_path())
     checks = [Check("root", "OK" if os.geteuid() == 0 else "FAIL",
                     "running as root" if os.geteuid() == 0 else "the hub makes accounts and cgroups: run it as root")]
-    checks += software() + room(learners, learner_cores, grading_cores) + isolation()
+    checks += software() + room(learners, learner_cores, grading_cores) + isolation() + other_checkouts()
     checks += ports(hub, settings, hubconfig.internal_ports()["MULTIGPU_GRADING_PORT"]) + disk(hub, learners)
     checks += key_and_tls(key, hubconfig.tls_files(), settings.ip)
     return checks

@@ -14,8 +14,8 @@ or follows a symbolic link:
   changing each entry without following links: a folder swapped for a link mid-walk leads nowhere.
 - :func:`private_dir` makes a folder whose owner and mode are set before anything is put in it.
 - :func:`read_file` reads one file below a trusted folder, every step refusing links.
-- :func:`remove_owned` removes what one account left in a shared folder (``/dev/shm``), through
-  the folder's descriptor: a link is removed, never followed.
+- :func:`remove_entry` removes one entry of a folder through the folder's descriptor: a link is
+  removed, never followed.
 """
 
 from __future__ import annotations
@@ -244,24 +244,13 @@ def read_file(folder: str | os.PathLike, *below: str, max_bytes: int) -> bytes:
     raise ValueError(f"{name} is larger than {max_bytes:,} bytes")
 
 
-def remove_owned(folder: str | os.PathLike, uid: int) -> int:
-    """Remove every entry of ``folder`` (not below: a folder the account owns goes whole) that
-    ``uid`` owns; the number removed. Entries of other accounts are left alone, and no link is
-    followed (``shutil.rmtree`` on a descriptor-relative walk)."""
+def remove_entry(folder_fd: int, name: str) -> None:
+    """Remove ``name`` from the folder open as ``folder_fd``: a folder with all it holds, anything
+    else (a link included, never followed) itself."""
     import shutil
 
-    removed = 0
-    with opened(os.open(folder, DIR_FLAGS)) as fd:
-        for name in os.listdir(fd):
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                if st.st_uid != uid:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    shutil.rmtree(name, dir_fd=fd)
-                else:
-                    os.unlink(name, dir_fd=fd)
-                removed += 1
-            except FileNotFoundError:
-                continue
-    return removed
+    st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=folder_fd)
+    else:
+        os.unlink(name, dir_fd=folder_fd)

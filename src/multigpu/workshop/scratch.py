@@ -127,9 +127,8 @@ class ScratchHub:
         return self.as_user(user, str(Path(self.python).parent / "nbgrader"), *args, cwd=cwd)
 
     def release(self, assignment: str) -> None:
-        """What the formgrader's Generate and Release buttons run, as the instructor."""
-        self.nbgrader(self.instructor, "generate_assignment", assignment, "--force", cwd=self.hub.course)
-        self.nbgrader(self.instructor, "release_assignment", assignment, cwd=self.hub.course)
+        """What the formgrader's Generate and Release buttons run, as the instructor (``make hub-release``)."""
+        self.cli("release", assignment, "--instructor", self.instructor)
 
     def proxy_pid(self) -> int | None:
         try:
@@ -169,7 +168,9 @@ def scratch_hub(tag: str, learners: list[str], *, python: str = sys.executable, 
             h.cli("tls", "--cert", str(cert), "--key", str(key), "--host", "127.0.0.1")
             env.update(MULTIGPU_HUB_TLS_CERT=str(cert), MULTIGPU_HUB_TLS_KEY=str(key))
             h.verify = str(cert)
-        h.instructor_password = sheet_passwords(h.cli("setup", "--instructor", instructor))[instructor]
+        said = h.cli("setup", "--instructor", instructor)
+        assert not sheet_passwords(said), "the instructor's password was printed"
+        h.instructor_password = dict(line.split(",") for line in Hub(root).instructor_sheet.read_text().split()[1:])[instructor]
         names = root / "room.csv"
         names.write_text("login\n" + "".join(f"{n}\n" for n in learners))
         h.learners = sheet_passwords(h.cli("add-learners", "--csv", str(names), timeout=60 + 10 * len(learners)))

@@ -17,6 +17,7 @@ under ``Content-Security-Policy: sandbox``: no script in them runs on the hub's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import json
 import os
@@ -51,11 +52,20 @@ def grading_cores() -> set[int] | None:
     return {int(c) for c in given.split(",")} if given else None
 
 
+#: New entries of the inbound folder looked at in one scan, at most (the others wait for the next).
+SCAN_BATCH = 2000
+#: Entries of one account that are not submissions, recorded at most; the later ones are removed
+#: unread (a learner's flood of folders neither fills the queue's records nor slows every scan).
+JUNK_PER_ACCOUNT = 100
+
+
 def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
          seen: set[str] | None = None) -> list[jobs.Job]:
     """Record every new submission, in the exchange's inbound folder or in ngshare (``source``:
     ngshare names each submitter by their hub token); returns the new jobs. ``seen``: the names
-    already recorded (the scanner keeps it across scans; default: read from the queue)."""
+    already recorded (the scanner keeps it across scans; default: read from the queue). At most
+    :data:`SCAN_BATCH` new entries a scan; past :data:`JUNK_PER_ACCOUNT` entries of one account that
+    are not submissions, that account's next ones are removed."""
     seen = queue.seen() if seen is None else seen
     if source is not None:
         return scan_ngshare(queue, source, seen)
@@ -64,22 +74,36 @@ def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
     assignments = submissions.released(hub)
     with safefiles.opened(os.open(hub.inbound, safefiles.DIR_FLAGS)) as inbound:
         arrivals = []
-        for name in os.listdir(inbound):
-            if name in seen:
-                continue
+        names: list[str] = []
+        with os.scandir(inbound) as entries:
+            for entry in entries:
+                if entry.name not in seen:
+                    names.append(entry.name)
+                    if len(names) >= SCAN_BATCH:
+                        break
+        for name in names:
             try:
                 arrival, fd = submissions.check(inbound, name, assignments)
             except submissions.NotASubmission as e:
-                owner = submissions.owner_of(inbound, name)
-                queue.ignore(name, owner, str(e))
-                seen.add(name)
-                print(f"grading service: not graded: {name!a} (made by {owner}): {e}", flush=True)
+                not_a_submission(queue, inbound, name, str(e), seen)
                 continue
             if submissions.settled(fd, time.time()):
                 arrivals.append((arrival, fd))
             else:  # still being written: the next scan looks again
                 os.close(fd)
         return take_arrivals(hub, queue, arrivals, seen)
+
+
+def not_a_submission(queue: jobs.Queue, inbound: int, name: str, why: str, seen: set[str]) -> None:
+    """Record an inbound entry that is not graded, or remove it past its account's share of them."""
+    owner = submissions.owner_of(inbound, name)
+    if queue.ignored_by(owner) >= JUNK_PER_ACCOUNT:
+        with contextlib.suppress(OSError):
+            safefiles.remove_entry(inbound, name)
+        return
+    queue.ignore(name, owner, why)
+    seen.add(name)
+    print(f"grading service: not graded: {name!a} (made by {owner}): {why}", flush=True)
 
 
 def take_arrivals(hub: Hub, queue: jobs.Queue, arrivals: list[tuple[submissions.Arrival, int]],

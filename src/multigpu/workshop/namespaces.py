@@ -1,7 +1,7 @@
 """A learner's server in namespaces of its own: its processes, its network, its shared memory and
 its System V IPC are the learner's alone, and all of it goes when the server stops.
 
-    python -m multigpu.workshop.learnerns --user NAME --port PORT [--relay HUBPORT ...] [--shm-bytes N] -- CMD ...
+    python -m multigpu.workshop.namespaces --user NAME --port PORT [--relay HUBPORT ...] [--shm-bytes N] -- CMD ...
 
 The hub's spawner starts this as root, in the learner's control group. It makes, for ``CMD`` (the
 learner's JupyterLab) and everything it starts (kernels, terminals, Horovod jobs):
@@ -134,7 +134,7 @@ def run_namespaces(user: pwd.struct_passwd, cmd: Sequence[str], shm_bytes: int, 
             signal.signal(sig, lambda s, _f: os.kill(first, s))
         code = os.waitstatus_to_exitcode(os.waitpid(first, 0)[1])
     except BaseException as e:  # the namespaces could not be made: say why where the hub logs
-        print(f"learnerns: {user.pw_name}'s namespaces: {e}", file=sys.stderr, flush=True)
+        print(f"namespaces: {user.pw_name}'s namespaces: {e}", file=sys.stderr, flush=True)
     os._exit(code & 0xFF if code >= 0 else 128 - code)
 
 
