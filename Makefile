@@ -266,7 +266,9 @@ HUB_TESTS = tests/test_workshop_hub.py tests/test_workshop_room.py tests/test_wo
 HUB_TEST_ENV = MULTIGPU_QUICK=1 MULTIGPU_TEST_HUB=1 MULTIGPU_HUB_PREFIX=$(HUB_PREFIX) \
                MULTIGPU_WORKSHOP_PROFILE=$(or $(MULTIGPU_WORKSHOP_PROFILE),quick)
 test-hub: $(STAMP)
-	$(HUB_TEST_ENV) $(PY) -m pytest tests/test_workshop_attacks.py -v --durations=5 --junitxml=.hub-attacks.xml
-	@$(PY) -c "import xml.etree.ElementTree as E; t = E.parse('.hub-attacks.xml').getroot(); t = t.find('testsuite') if t.tag == 'testsuites' else t; \
-	    print(f\"== hub attack tests: {t.get('tests')} run, {int(t.get('failures')) + int(t.get('errors'))} failed, {t.get('skipped')} skipped\")"
-	$(HUB_TEST_ENV) $(PY) -m pytest $(HUB_TESTS) -v --durations=10
+	@status=0; \
+	$(HUB_TEST_ENV) $(PY) -m pytest tests/test_workshop_attacks.py -v --durations=5 --junitxml=.hub-attacks.xml || status=$$?; \
+	$(PY) -c "import xml.etree.ElementTree as E; t = E.parse('.hub-attacks.xml').getroot(); t = t.find('testsuite') if t.tag == 'testsuites' else t; \
+	    print(f\"== hub attack tests: {t.get('tests')} run, {int(t.get('failures')) + int(t.get('errors'))} failed, {t.get('skipped')} skipped\")"; \
+	$(HUB_TEST_ENV) $(PY) -m pytest $(HUB_TESTS) -v --durations=10 || status=$$?; \
+	exit $$status

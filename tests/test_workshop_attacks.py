@@ -717,9 +717,9 @@ def test_10_a_fork_bomb_in_a_learner_server_stops_at_its_limit(hub):
     s = login(hub, a, hub.learners[a])
     s.get(hub.base + "/hub/spawn")
 
-    def server() -> list[psutil.Process]:
+    def server() -> list[psutil.Process]:  # the server itself, not its namespaces' first process
         return [p for p in psutil.process_iter(["username", "cmdline"]) if p.info["username"] == a
-                and any("jupyterhub-singleuser" in x for x in p.info["cmdline"] or [])]
+                and any("jupyterhub-singleuser" in x for x in (p.info["cmdline"] or [])[:2])]
 
     (proc,) = wait_for(f"{a}'s server did not start", server, 300, hub)  # type: ignore[misc]
     groups = [line.split(":", 2) for line in Path(f"/proc/{proc.pid}/cgroup").read_text().splitlines()]
@@ -956,7 +956,8 @@ script.write(textwrap.dedent('''
 '''))
 script.close()
 job = subprocess.Popen(["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, script.name],
-                       stdout=open(os.path.expanduser("~/gloo-job.log"), "w"), stderr=subprocess.STDOUT)
+                       stdout=open(os.path.expanduser("~/gloo-job.log"), "w"), stderr=subprocess.STDOUT,
+                       start_new_session=True)  # it outlives the cell's kernel, as a terminal's job would
 print(json.dumps({{"pid": job.pid, "token": os.environ["JUPYTERHUB_API_TOKEN"]}}))
 """
 
@@ -1077,7 +1078,7 @@ def test_15_shared_memory_and_system_v_segments_go_with_the_learners_server(hub)
     listing = json.loads(in_kernel(hub, b, "import os, json; print(json.dumps(os.listdir('/dev/shm')))").strip())
     assert "open-to-all" not in listing, "B sees A's shared memory"
     assert not segments_of(uid), "A's segment is in the box's IPC namespace"
-    server(hub, a).stop_server()
+    stop_server_of(a)  # as the spawner stops it (SIGINT to the server's process, the hub's stop button)
     _SERVERS.pop(a)
     wait_for(f"{a}'s processes outlived the server", lambda: not [p for p in psutil.process_iter(["uids"])
                                                                    if p.info["uids"] and p.info["uids"].real == uid], 60, hub)
@@ -1097,6 +1098,23 @@ import time; time.sleep({seconds})
 s.shutdown()
 print("done")
 """
+
+
+def namespaces_of(user: str) -> psutil.Process:
+    """The root process that holds ``user``'s server in its namespaces (the pid the spawner knows)."""
+    for p in psutil.process_iter(["cmdline", "uids"]):
+        cmd = p.info["cmdline"] or []
+        if "multigpu.workshop.namespaces" in cmd and cmd[cmd.index("--user") + 1] == user and p.info["uids"].real == 0:
+            return p
+    raise AssertionError(f"no server of {user} runs")
+
+
+def stop_server_of(user: str) -> None:
+    import signal
+
+    proc = namespaces_of(user)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(60)
 
 
 def server_port(user: str) -> int:
