@@ -8,7 +8,8 @@ from the ones above it in this list (docs/architecture.md; tests/test_imports.py
                        data set and its loaders), ``models`` (AlexNet), ``training`` (one
                        training loop for 1..N workers), ``schedules`` (the one learning-rate
                        rule: linear scaling with warm-up), ``meters``, ``notebook`` (quick
-                       mode, progress bars), ``layout`` (where the course's folders are)
+                       mode, progress bars), ``exercises`` (an answer that calls the course's
+                       own is not the learner's), ``layout`` (where the course's folders are)
 ``running``            ``launch`` (every child process: bounded in time, clear errors),
                        ``supervisor`` (the one watcher of child processes), ``environment``
                        (a worker's environment, the Horovod settings),
