@@ -31,6 +31,10 @@ from the ones above it in this list (docs/architecture.md; tests/test_imports.py
 ``labs.lab4``          Lab 4 (beyond a box): ``links`` (an emulated network link),
                        ``multinode``, ``elastic`` (a worker killed mid-epoch), ``costs``,
                        ``parallelism`` (a 2-stage pipeline against data parallelism)
+``labs.lab5``          Lab 5 (beyond one device's memory): ``memory``, ``collectives``,
+                       ``zero`` (stage 1), ``sharded_gradients`` (stage 2), ``fully_sharded``
+                       (stage 3), ``tensor_parallel``, ``pipeline``, ``checkpointing``,
+                       ``layouts``, ``bytes_sent``
 ``figures``            ``plots``, ``reference`` (the reference run's figures, shipped in
                        ``reference_runs/``, printed beside the learner's own)
 ``grading``            the assessment: rules, the sandboxed runner, the grader (a pipeline of
