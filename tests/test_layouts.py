@@ -53,6 +53,10 @@ def test_every_published_run_shares_the_rules_facts():
     assert by_name["Megatron-LM 8.3B"].beyond_minimum == 2  # state only: 4; they used 8
     # stage 2 over 1024-way data parallelism: the bf16 weights (2 B each) alone ask for 16-way model parallelism
     assert by_name["Llama 3 405B"].rule.model_parallel == 16 and by_name["Llama 3 405B"].beyond_minimum == 8
+    # 384 GPUs are 3 x 128: ZeRO 1 over d = 384 / k, 176e9 / k x (4 + 12 / d) bytes: k = 8 gives 93.5 GB, k = 12
+    # 64.2 GB; t = gcd(12, 8) = 4 (BLOOM's own tensor degree), p = 3, d = 32; BLOOM's 48-way is 4 x it
+    bloom = by_name["BLOOM 176B"]
+    assert degrees(bloom.rule) == (4, 3, 32) and bloom.beyond_minimum == 4
 
 
 def degrees(layout):

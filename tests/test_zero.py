@@ -59,12 +59,12 @@ def test_gradient_error_is_relative_to_the_largest_entry_and_inf_without_a_gradi
 #: Stage 2's worst case on MANY_LAYERS, per rank 0: its rows of every parameter (64 of 256 rows of each
 #: hidden layer, 3 of 10 of the last), IN_FLIGHT layers' whole gradients and one layer's reduced rows.
 LAYER = 256 * 256 + 256
-STAGE2_BOUND = 4 * (80 * (64 * 256 + 64) + 3 * 256 + 3 + sharded_gradients.IN_FLIGHT * LAYER + (64 * 256 + 64))
+STAGE2_BOUND = 4 * (96 * (64 * 256 + 64) + 3 * 256 + 3 + sharded_gradients.IN_FLIGHT * LAYER + (64 * 256 + 64))
 
 
 @pytest.mark.slow
 def test_every_way_trains_like_data_parallel_and_stage_2_holds_a_quarter_of_the_gradient():
-    """On 4 real Horovod workers, the model of 80 layers, 2 steps: every way's weights equal data
+    """On 4 real Horovod workers, the model of 96 layers, 2 steps: every way's weights equal data
     parallelism's and each rank's averaged gradient its slice of data parallelism's; each rank holds
     1/4 of the optimizer state; at its peak a rank holds the whole gradient in data parallelism and
     stage 1 (1.25 x with the reduce-scatter's slice beside it), and under 0.3 x in stage 2 (its rows and
@@ -72,7 +72,7 @@ def test_every_way_trains_like_data_parallel_and_stage_2_holds_a_quarter_of_the_
     stage 1 by all-reduce 1.5 times that."""
     got = zero.compare(zero.MANY_LAYERS, workers=4, steps=2, timeout=600)
     dp = got["data parallel"]
-    assert dp["parameters"] == 80 * LAYER + 256 * 10 + 10
+    assert dp["parameters"] == 96 * LAYER + 256 * 10 + 10
     for way, row in got.items():
         assert row["ranks_agree"] and row["max_weight_diff"] < 1e-5 and row["grad_error"] < 1e-5, (way, row)
         for compute, whole in zip(row["samples"]["compute_s"], row["samples"]["step_s"]):

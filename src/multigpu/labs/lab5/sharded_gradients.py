@@ -32,7 +32,7 @@ from multigpu.labs.lab5.memory import GradientMemory, optimizer_state_bytes
 
 #: The layers whose full gradients may exist at once: the one backward just produced and the
 #: ones still being reduce-scattered while backward goes on.
-IN_FLIGHT = 3
+IN_FLIGHT = 4
 
 
 def rows_of(rows: int, rank: int, workers: int) -> tuple[int, int]:
