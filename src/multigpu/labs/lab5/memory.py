@@ -66,8 +66,9 @@ class GradientMemory:
     def __init__(self) -> None:
         self.peak = 0
 
-    def sample(self, tensors: Iterable[torch.Tensor | None]) -> None:
-        self.peak = max(self.peak, storage_bytes(t for t in tensors if t is not None))
+    def sample(self, tensors: Iterable[torch.Tensor | None], counted: int = 0) -> None:
+        """``counted``: bytes of other gradient storages, counted when they were made."""
+        self.peak = max(self.peak, counted + storage_bytes(t for t in tensors if t is not None))
 
 class _Held:
     """What autograd stores for one saved tensor while :class:`SavedTensors` watches."""

@@ -57,6 +57,7 @@ class Stage2Adam:
         self.shards = [p.detach()[a:b].clone().requires_grad_(True) for p, (a, b) in zip(self.params, self.rows)]
         self.optimizer = torch.optim.Adam(self.shards, lr=lr)
         self.memory, self.in_flight = GradientMemory(), in_flight
+        self.shard_grad_bytes = 0  # the shards' gradients, counted when the step's first reduction makes each
         self.pending: list[tuple[Any, list[int], list[torch.Tensor | None]]] = []  # (handle, bucket, full gradients)
         index = {id(p): i for i, p in enumerate(self.params)}
         layers = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
@@ -67,9 +68,10 @@ class Stage2Adam:
             for i in bucket:
                 self.params[i].register_post_accumulate_grad_hook(lambda _, k=k, bucket=bucket: self.grad_ready(k, bucket))
 
-    def held(self) -> list[torch.Tensor | None]:
-        """Every gradient tensor this rank holds: its shards', backward's, and those being reduced."""
-        return [*(s.grad for s in self.shards), *(p.grad for p in self.params), *(g for *_, grads in self.pending for g in grads)]
+    def sample(self) -> None:
+        """The gradient bytes this rank holds now: its shards', backward's, and those being reduced."""
+        whole = [*(p.grad for p in self.params), *(g for *_, grads in self.pending for g in grads)]
+        self.memory.sample(whole, counted=self.shard_grad_bytes)
 
     def watch_output(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
         if output.requires_grad:
@@ -87,7 +89,7 @@ class Stage2Adam:
     def grad_ready(self, k: int, bucket: list[int]) -> None:
         import horovod.torch as hvd
 
-        self.memory.sample(self.held())
+        self.sample()
         self.arrived[k] += 1
         if self.arrived[k] < len(bucket):
             return
@@ -105,13 +107,18 @@ class Stage2Adam:
         handle, bucket, _ = self.pending[0]
         for i, rows in zip(bucket, hvd.synchronize(handle)):
             shard = self.shards[i]
-            shard.grad = rows if shard.grad is None else shard.grad.add_(rows)
-        self.memory.sample(self.held())
+            if shard.grad is None:
+                shard.grad = rows
+                self.shard_grad_bytes += rows.untyped_storage().nbytes()
+            else:
+                shard.grad.add_(rows)
+        self.sample()
         self.pending.pop(0)
 
     def zero_grad(self) -> None:
         for s in self.shards:
             s.grad = None
+        self.shard_grad_bytes = 0
 
     def step(self) -> None:
         import horovod.torch as hvd
