@@ -8,7 +8,8 @@ from the ones above it in this list (docs/architecture.md; tests/test_imports.py
                        data set and its loaders), ``models`` (AlexNet), ``training`` (one
                        training loop for 1..N workers), ``schedules`` (the one learning-rate
                        rule: linear scaling with warm-up), ``meters``, ``notebook`` (quick
-                       mode, progress bars), ``layout`` (where the course's folders are)
+                       mode, progress bars), ``exercises`` (an answer that calls the course's
+                       own is not the learner's), ``layout`` (where the course's folders are)
 ``running``            ``launch`` (every child process: bounded in time, clear errors),
                        ``supervisor`` (the one watcher of child processes), ``environment``
                        (a worker's environment, the Horovod settings),
@@ -30,6 +31,10 @@ from the ones above it in this list (docs/architecture.md; tests/test_imports.py
 ``labs.lab4``          Lab 4 (beyond a box): ``links`` (an emulated network link),
                        ``multinode``, ``elastic`` (a worker killed mid-epoch), ``costs``,
                        ``parallelism`` (a 2-stage pipeline against data parallelism)
+``labs.lab5``          Lab 5 (beyond one device's memory): ``memory``, ``collectives``,
+                       ``zero`` (stage 1), ``sharded_gradients`` (stage 2), ``fully_sharded``
+                       (stage 3), ``tensor_parallel``, ``pipeline``, ``checkpointing``,
+                       ``layouts``, ``bytes_sent``
 ``figures``            ``plots``, ``reference`` (the reference run's figures, shipped in
                        ``reference_runs/``, printed beside the learner's own)
 ``grading``            the assessment: rules, the sandboxed runner, the grader (a pipeline of

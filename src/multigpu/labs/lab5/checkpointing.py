@@ -5,7 +5,7 @@ A chain of ``n`` layers keeps every layer's input for the backward pass: activat
 the backward pass it runs each segment's forward again, keeping that segment's activations just
 while it goes backward through it. At the peak a step holds ``k`` segment inputs plus one
 segment's ``n / k`` layers: ``k + n / k`` layers' worth, smallest at ``k = sqrt(n)`` (Chen et al.,
-"Training deep nets with sublinear memory cost", 2016, section 4.1), for one extra forward pass.
+"Training deep nets with sublinear memory cost", 2016, section 4.3), for one extra forward pass.
 
 :func:`measure` counts both from the tensors autograd saves
 (:class:`~multigpu.labs.lab5.memory.SavedTensors`: the bytes held when the forward pass ends,

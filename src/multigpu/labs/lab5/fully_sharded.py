@@ -159,8 +159,8 @@ def train_stage3(shape: zero.Model, steps: int, warmup: int = 1) -> dict[str, An
     """In one Horovod worker: ``steps`` timed Adam steps of stage 3 on ``shape``."""
     model = zero.build(shape)
     sharded = FullyShardedModel(model)
-    sent, times, _ = zero.timed_steps(shape, model, sharded, steps, warmup, "stage 3", count_passes=True)
-    return {"weights": sharded.weights(), "state_bytes": sharded.state_bytes(), "sent": sent, "step_s": times,
+    run = zero.timed_steps(shape, model, sharded, steps, warmup, "stage 3")
+    return {"weights": sharded.weights(), "state_bytes": sharded.state_bytes(), "sent": run["sent"], "step_s": run["step_s"],
             "peak_weight_bytes": sharded.memory.peak, "parameters": sum(u.numel for u in sharded.units),
             "largest_unit_bytes": max(u.nbytes for u in sharded.units)}
 
@@ -169,9 +169,9 @@ def train_data_parallel(shape: zero.Model, steps: int, warmup: int = 1) -> dict[
     """Plain data parallelism, the whole step measured like :func:`train_stage3`'s."""
     model = zero.build(shape)
     opt = zero.DataParallelAdam(model)
-    sent, times, _ = zero.timed_steps(shape, model, opt, steps, warmup, "dp3", count_passes=True)
+    run = zero.timed_steps(shape, model, opt, steps, warmup, "dp3")
     weights = opt.flat.flat[:opt.flat.numel].clone()
-    return {"weights": weights, "state_bytes": opt.state_bytes(), "sent": sent, "step_s": times,
+    return {"weights": weights, "state_bytes": opt.state_bytes(), "sent": run["sent"], "step_s": run["step_s"],
             "peak_weight_bytes": opt.flat.flat.untyped_storage().nbytes(), "parameters": opt.flat.numel,
             "largest_unit_bytes": opt.flat.flat.untyped_storage().nbytes()}
 

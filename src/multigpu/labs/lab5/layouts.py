@@ -1,18 +1,23 @@
 """Lab 5, part 7: choosing a layout: tensor, pipeline and data degrees, and a ZeRO stage.
 
 Lab 4's ``model_parallel_degree`` asked how many GPUs one copy of a model's training state
-needs. :func:`choose` extends it to a whole cluster, with the rules of Narayanan et al. 2021
-("Efficient large-scale language model training on GPU clusters using Megatron-LM", SC'21,
-section 3.3, takeaways 1-3):
+needs. :func:`choose` extends it to a whole cluster of ``nodes`` servers of ``g`` devices each,
+with two rules of Narayanan et al. 2021 ("Efficient large-scale language model training on GPU
+clusters using Megatron-LM", SC'21) and ZeRO for the rest:
 
-1. the model-parallel degree ``k = t x p`` is the smallest power of two whose per-device share
-   of the state (ZeRO's accounting of :mod:`~multigpu.labs.lab5.memory`, sharded over the data
-   degree ``d = devices / k`` at the chosen stage), plus the activations, fits a device;
+1. the model-parallel degree ``k = t x p`` is the smallest divisor of the device count whose
+   per-device share of the state (ZeRO's accounting of :mod:`~multigpu.labs.lab5.memory`,
+   sharded over the data degree ``d = devices / k`` at the chosen stage), plus the activations,
+   fits a device (takeaway #2, section 3.3: a model-parallel size just large enough that the
+   model fits, data parallelism for the rest);
 2. tensor parallelism all-reduces activations in every layer, forward and backward: it goes
-   where the links are fastest, inside a server, up to its number of devices (``t``) when the
-   server's link is faster than the network; pipeline parallelism, which sends activations
-   only between stages, takes the rest across servers (``p = k / t``);
-3. data parallelism takes every device left (``d``), and ZeRO shards its optimizer state.
+   where the links are fastest, inside a server, up to its number of devices when the server's
+   link is faster than the network (takeaway #1, section 3.2). ``t`` is the largest divisor of
+   ``k`` that also divides ``g``, so that each tensor-parallel group fills part of one server,
+   never two; pipeline parallelism, which sends activations only between stages, takes the rest
+   across servers (``p = k / t``);
+3. data parallelism takes every device left (``d``), and ZeRO (Rajbhandari et al. 2020) shards
+   its state at the chosen stage.
 
 The rule gives the least model parallelism memory allows. :data:`PUBLISHED` holds four published
 trainings with their own degrees and hardware; :func:`against_published` sets each beside the
@@ -23,6 +28,7 @@ by how much they went beyond the minimum.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from multigpu.labs.lab2.scaling_model_data import LINKS, Link
@@ -51,6 +57,11 @@ class Layout:
                 f"{self.state_bytes / GB:.1f} GB of state per device")
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, smallest first."""
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
 def choose(parameters: float, device_bytes: float, devices_per_node: int, nodes: int, *,
            intra: Link = LINKS["NVLink"], inter: Link = LINKS["100GbE"], activation_bytes: float = 0.0,
            zero_stage: int = 0, optimizer: str = "mixed adam") -> Layout:
@@ -60,15 +71,12 @@ def choose(parameters: float, device_bytes: float, devices_per_node: int, nodes:
     devices = devices_per_node * nodes
     if activation_bytes >= device_bytes:
         raise ValueError("the activations alone fill a device: recompute them (checkpointing) or shrink the micro-batch")
-    k = 1
-    while k <= devices:
+    for k in divisors(devices):
         d = devices // k
         state = zero_bytes(parameters / k, zero_stage, d, optimizer)
-        if devices % k == 0 and state + activation_bytes <= device_bytes:
-            fast_inside = intra.bandwidth > inter.bandwidth
-            t = min(k, devices_per_node) if fast_inside else 1
+        if state + activation_bytes <= device_bytes:
+            t = math.gcd(k, devices_per_node) if intra.bandwidth > inter.bandwidth else 1
             return Layout(t, k // t, d, zero_stage, state)
-        k *= 2
     raise ValueError(f"{parameters:.3g} parameters do not fit on {devices} devices of {device_bytes / GB:.0f} GB "
                      f"even split {devices} ways")
 

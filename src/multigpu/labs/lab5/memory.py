@@ -58,6 +58,18 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
+
+class GradientMemory:
+    """The bytes of gradient tensors a data-parallel rank holds (distinct storages), sampled
+    wherever one is created or freed, and their peak (Lab 5's ZeRO stages)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+
+    def sample(self, tensors: Iterable[torch.Tensor | None], counted: int = 0) -> None:
+        """``counted``: bytes of other gradient storages, counted when they were made."""
+        self.peak = max(self.peak, counted + storage_bytes(t for t in tensors if t is not None))
+
 class _Held:
     """What autograd stores for one saved tensor while :class:`SavedTensors` watches."""
 
@@ -142,6 +154,11 @@ class MixedPrecisionAdam:
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Every tensor an optimizer keeps between steps (momentum, moments, step counters)."""
     return [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of an optimizer's state tensors (Adam's moments; not its scalar step counters)."""
+    return sum(t.numel() * t.element_size() for t in optimizer_state_tensors(optimizer) if t.dim() > 0)
 
 
 def make_optimizer(name: str, model: nn.Module, lr: float = 1e-3) -> Any:

@@ -4,7 +4,10 @@
 (Shoeybi et al. 2019, section 3) splits ``A`` by its rows (the hidden units: a column-parallel
 layer) and ``B`` by its columns (a row-parallel layer) over N workers: each computes
 ``relu(X A_r^T + a_r) B_r^T``, a partial sum of ``Y``, with no communication in between (the
-ReLU applies to each worker's own hidden units). Two operators make it exact:
+ReLU applies to each worker's own hidden units). The paper writes ``Y = GeLU(X A) B`` with ``A``
+(d x hidden) split by its columns and ``B`` by its rows: torch's ``nn.Linear`` stores a weight as
+(out, in), the transpose, so the paper's columns of ``A`` are the rows of the weight here. Two
+operators make it exact:
 
 - ``g`` after the row-parallel layer: **all-reduce** in the forward pass (the partial outputs
   summed), identity in the backward pass (the output's gradient is the same on every worker);
