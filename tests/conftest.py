@@ -117,3 +117,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def sharding_runs():
+    """Lab 5's comparisons on 4 Horovod workers, run once per session (``make bench``'s sharding
+    section at the quick plan: one round): ``(zero.compare's ways, fully_sharded.compare's ways)``.
+    test_zero, test_fully_sharded and test_bench assert on the same runs."""
+    from multigpu.course.bench import sharding
+
+    return sharding.measure_sharding(rounds=1)

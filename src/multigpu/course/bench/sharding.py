@@ -17,25 +17,38 @@ def per_step(row: dict[str, Any], key: str, combine: Any) -> list[float]:
     return [combine(values) for values in zip(*per_rank)]
 
 
-def bench_sharding(plan: Plan, deadline: float) -> Section:
-    """ZeRO stages 1 and 2 (:mod:`multigpu.labs.lab5.zero`, on its model of many layers) and stage 3
-    by hand (:mod:`multigpu.labs.lab5.fully_sharded`) beside data parallelism, each in one Horovod
-    job of 4 workers over Gloo, the ways interleaved round by round; ratios of steps measured side by
-    side; and the three collectives alone, timed against each other."""
-    from multigpu.labs.lab5 import collectives, fully_sharded, zero
+def measure_sharding(rounds: int) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """``(zero.compare's ways, fully_sharded.compare's ways)``: stages 1 and 2 on the model of many
+    layers and stage 3 on the lab's small one, beside data parallelism, ``rounds`` rounds of
+    :data:`SHARDING_STEPS` steps on :data:`SHARDING_WORKERS` workers (the tests take these once)."""
+    from multigpu.labs.lab5 import fully_sharded, zero
 
-    section = Section("sharding", f"The sharded optimizer (Lab 5) against plain data parallelism, "
-                                  f"{SHARDING_WORKERS} Horovod workers over Gloo")
-    rounds, many, small = plan.scaling_repeats, zero.MANY_LAYERS, zero.Model()
-    with steps("sharding", 3) as log:
+    with steps("sharding", 2) as log:
         log.starting(f"data parallel, stage 1 (two forms), stage 2: {rounds} round(s) of {SHARDING_STEPS} steps")
-        z = zero.compare(many, SHARDING_WORKERS, SHARDING_STEPS, rounds, timeout=900)
+        z = zero.compare(zero.MANY_LAYERS, SHARDING_WORKERS, SHARDING_STEPS, rounds, timeout=900)
         dp = z["data parallel"]
         log.finished(f"stage 2 held {max(z['stage 2']['peak_grad_bytes']) / max(dp['peak_grad_bytes']):.2f} x "
                      "the gradient bytes")
         log.starting(f"data parallel, stage 3: {rounds} round(s) of {SHARDING_STEPS} steps")
-        s3 = fully_sharded.compare(small, SHARDING_WORKERS, SHARDING_STEPS, rounds, timeout=600)
+        s3 = fully_sharded.compare(zero.Model(), SHARDING_WORKERS, SHARDING_STEPS, rounds, timeout=600)
         log.finished(f"stage 3 sent {statistics.mean(s3['stage 3']['sent']) / statistics.mean(s3['data parallel']['sent']):.2f} x")
+    return z, s3
+
+
+def bench_sharding(plan: Plan, deadline: float, measured: Any = None) -> Section:
+    """ZeRO stages 1 and 2 (:mod:`multigpu.labs.lab5.zero`, on its model of many layers) and stage 3
+    by hand (:mod:`multigpu.labs.lab5.fully_sharded`) beside data parallelism, each in one Horovod
+    job of 4 workers over Gloo, the ways interleaved round by round (:func:`measure_sharding`, or
+    ``measured``, its result for this plan); ratios of steps measured side by side; and the three
+    collectives alone, timed against each other."""
+    from multigpu.labs.lab5 import collectives, zero
+
+    section = Section("sharding", f"The sharded optimizer (Lab 5) against plain data parallelism, "
+                                  f"{SHARDING_WORKERS} Horovod workers over Gloo")
+    rounds, many = plan.scaling_repeats, zero.MANY_LAYERS
+    z, s3 = measured or measure_sharding(rounds)
+    dp = z["data parallel"]
+    with steps("sharding", 1) as log:
         log.starting("the collectives alone: all-reduce, reduce-scatter and all-gather of the gradient")
         ops = collectives.collective_times(dp["parameters"], SHARDING_WORKERS, 3 * rounds, timeout=600)
         log.finished(f"reduce-scatter / all-reduce {statistics.median(paired(ops['reducescatter'], ops['allreduce'])):.2f} x")
