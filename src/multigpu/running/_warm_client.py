@@ -87,9 +87,17 @@ def wait(conn, fds):
         return answer
     pid = answer["pid"]
     # The worker's output ends when the worker ends, as a launcher expects: only the worker holds
-    # stdout and stderr now. The other descriptors stay open here until this stand-in exits (an MPI
-    # launcher reads the end of a process's PMI socket as the end of that process).
-    errors = os.dup(2)  # not inheritable: to say why, should the warm parent die
+    # stdout and stderr now. Under an MPI launcher (it kills the ranks still open once one rank has
+    # gone, and reads the end of a rank's PMI socket as the end of that rank) this stand-in keeps
+    # the PMI socket alone, until it exits, and drops every other descriptor it was given (some are
+    # other ranks' output pipes the launcher let it inherit); elsewhere it keeps them.
+    errors = None
+    if "PMI_FD" in os.environ:
+        for fd in fds:
+            if fd > 2 and str(fd) != os.environ["PMI_FD"]:
+                os.close(fd)
+    elif "PMI_SIZE" not in os.environ:
+        errors = os.dup(2)  # to say why, should the warm parent die
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
@@ -110,7 +118,8 @@ def wait(conn, fds):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        os.write(errors, b"warm worker: the warm parent process ended while this worker ran\n")
+        if errors is not None:
+            os.write(errors, b"warm worker: the warm parent process ended while this worker ran\n")
         return {"exit": 1}
     return json.loads(line)
 
