@@ -187,6 +187,22 @@ class Relay:
             server.close()
             self.open[direction] -= 1
 
+    async def open_when_up(self, proxy_side: socket.socket) -> None:
+        """Listen on the box's side once the server listens inside: until then a connection is
+        refused, as it would be by a server still starting (the hub's spawn queue waits for that)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            probe = self.socket_in(self.inside)
+            try:
+                await loop.sock_connect(probe, ("127.0.0.1", self.port))
+                break
+            except OSError:
+                await asyncio.sleep(0.2)
+            finally:
+                probe.close()
+        proxy_side.listen(128)
+        await self.serve(proxy_side, self.inside, self.port, "in")
+
     @staticmethod
     async def pump(source: socket.socket, sink: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -210,7 +226,7 @@ async def relay_until(child: int, first: int, relay: Relay, proxy_side: socket.s
     loop.add_signal_handler(signal.SIGCHLD, reaped)
     for sig in FORWARDED:
         loop.add_signal_handler(sig, os.kill, first, sig)
-    tasks = [loop.create_task(relay.serve(proxy_side, relay.inside, relay.port, "in"))]
+    tasks = [loop.create_task(relay.open_when_up(proxy_side))]
     tasks += [loop.create_task(relay.serve(listener, relay.outside, p, "out"))
               for listener, p in zip(inside, relay.hub_ports)]
     reaped()  # it may have ended before the handler was set
@@ -234,8 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     user = pwd.getpwnam(args.user)
     proxy_side = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # the box's side, made before the namespaces
     proxy_side.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    proxy_side.bind(("127.0.0.1", args.port))
-    proxy_side.listen(128)
+    proxy_side.bind(("127.0.0.1", args.port))  # it listens once the server does (Relay.open_when_up)
     proxy_side.setblocking(False)
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
