@@ -116,6 +116,7 @@ def grade(
     workdir: str | os.PathLike | None = None,
     sandbox: str = "auto",
     hidden: Sequence[os.PathLike | str] = (),
+    holdout_seed: int | None = None,
 ) -> GradeResult:
     """Grade ``script`` under ``settings`` (default :func:`rules.settings`); see the module doc.
 
@@ -124,6 +125,8 @@ def grade(
     ``sandbox``: ``"auto"`` (the sandbox where it starts, else an unsandboxed verdict that says
     so), ``"required"`` (raise :class:`SandboxUnavailable` instead: certificates) or ``"off"``.
     ``hidden``: more folders the submission must not see (other submissions, results).
+    ``holdout_seed``: the held-out set's seed (a regrade's recorded one); by default a fresh secret
+    one, returned in the result's ``holdout_seed`` and never saved with it.
     """
     settings = settings or rules.settings()
     log = log or (lambda _msg: None)
@@ -139,14 +142,16 @@ def grade(
     raw = script_path.read_bytes()  # graded, hashed and kept: the same bytes
     measurements = machine_measurements(settings, unsandboxed, log)
     with tempfile.TemporaryDirectory(prefix="multigpu-grade-", dir=workdir) as tmp:
-        prepared = prepare(settings, Path(tmp).resolve(), raw, unsandboxed, hidden, log)
+        prepared = prepare(settings, Path(tmp).resolve(), raw, unsandboxed, hidden, log, holdout_seed)
         rec, baselines = run_with_baselines(prepared, settings, script_path.name, args, echo, log)
         measurements["run_s"] = round(rec.wall_s, 2)
         measurements["baselines"] = [round(b, 2) for b in baselines if b]
         source = raw.decode("utf-8", errors="replace")
         criteria, evidence = judged(rec, find_checkpoints(prepared.checkpoints), settings, prepared.train_root,
                                     prepared.holdout, measurements, log, source, timeline_path=prepared.timeline)
-    result = GradeResult(name, settings, criteria, measurements, sandboxed=rec.sandboxed, **audit.identity(raw))
+    result = GradeResult(name, settings, criteria, measurements, sandboxed=rec.sandboxed, **audit.identity(raw),
+                         holdout_seed=prepared.holdout_seed,
+                         holdout_seed_sha256=audit.seed_digest(prepared.holdout_seed))
     result.review = review.record([*review.flags(source), *observations.flags(evidence.observed)], result.passed)
     return result
 
