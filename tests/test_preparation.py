@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from multigpu.core import data
-from multigpu.grading import audit, grader, preparation, regrade, rules
+from multigpu.grading import audit, grader, preparation, regrade, review, rules
 
 #: The seed the grader used before issue 48: public, in the source a learner reads.
 PUBLIC_SEED = 7919
@@ -81,3 +81,12 @@ def test_a_regrade_judges_on_the_recorded_seed(tmp_path, monkeypatch):
     monkeypatch.setattr(grader, "grade", graded)
     regrade.regrade(result_file)
     assert asked == [seed]
+def test_the_review_flags_a_call_of_the_data_generator_with_a_seed():
+    source = ("from multigpu.core import data\n"
+              f"held_out = data.ensure_dataset('/tmp/h', train_per_class=0, val_per_class=100, seed={PUBLIC_SEED})\n")
+    found = [f for f in review.flags(source) if f.kind == "holdout"]
+    assert found and found[0].line == 2, [f.to_dict() for f in review.flags(source)]
+    assert not [f for f in review.flags("from multigpu.core import data\nroot = data.ensure_dataset(progress=True)\n")
+                if f.kind == "holdout"]
+
+

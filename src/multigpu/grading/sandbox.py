@@ -230,11 +230,9 @@ def command(
     workdir = Path(workdir).resolve()
     account = run_as(user)
     hide = [*always_hidden(), *(Path(h).resolve() for h in hidden)]
-    # what the submission needs to run, even where it lies under a hidden folder (pyenv in ~, the
-    # course and its venv checked out in ~ or in /tmp): Python, the venv, the package
+    # what the submission needs to run (Python, the venv, the package), even under a hidden folder or
+    # one the account may not enter (pyenv in ~, a course in /tmp): covered, then bound back
     needed = [*runtime_paths(), *(Path(p).resolve() for p in readable)]
-    # a folder on the way to them (or to workdir) that the account may not enter is covered too,
-    # and what it needs is bound back through open folders: Python in root's 700 HOME runs
     hide += closed_on_the_way([*needed, workdir], account)
     args = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/dev/shm"]
     # GPU mode: the new /dev has no GPU; bind the NVIDIA device nodes back (written without a
