@@ -275,6 +275,7 @@ print("done", file=sys.stderr)
     "for g in optimizer.param_groups:\n    g['lr'] = 0.1",
     "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
     "from torch.utils.data import DataLoader, Subset, SubsetRandomSampler\nfrom torch.utils.data.distributed import DistributedSampler",
+    "from tqdm import tqdm\nfor x in tqdm(loader, disable=hvd.rank() != 0):\n    pass",
     STEP_IN_A_DATACLASS,
     MANUAL_SHARDS,
 ])

@@ -74,7 +74,7 @@ WHY: dict[str, str] = {
 }
 #: Packages a conversion may import besides the standard library (their parts in the tables
 #: above excepted): what the course runs on. ``horovod`` means ``horovod.torch``.
-ENVIRONMENT_PACKAGES = ("torch", "horovod.torch", "numpy", "PIL", "multigpu.core")
+ENVIRONMENT_PACKAGES = ("torch", "horovod.torch", "numpy", "PIL", "multigpu.core", "tqdm")
 
 #: Horovod's training API as its documentation teaches a conversion (horovod.torch): start, who am
 #: I, the optimizer that averages the gradients, the broadcasts of the initial state (and of a

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.core import data, devices, layout
-from multigpu.grading import averaging, reads, rules
+from multigpu.grading import averaging, reads, rules, workprobe
 from multigpu.grading import sandbox as sb
 from multigpu.grading.result import HorovodUnavailable
 from multigpu.grading.rules import Settings
@@ -167,6 +167,10 @@ class Prepared:
     timeline: Path
     #: the held-out set's secret seed: never in the sandbox, never in a result (its hash is)
     holdout_seed: int
+    #: the folder of the work probe's sitecustomize (readable in the sandbox) and of its records
+    #: (in the submission's folder, under a name drawn for this grading)
+    work_probe: Path
+    work_records: Path
 
 
 def prepare(settings: Settings, work: Path, raw: bytes, unsandboxed: str, hidden: Sequence[os.PathLike | str],
@@ -180,12 +184,15 @@ def prepare(settings: Settings, work: Path, raw: bytes, unsandboxed: str, hidden
     seed = holdout_seed() if seed is None else seed
     cached, holdout, baseline_root = prepare_data(settings, private, seed)
     train_root = reads.private_view(cached, work / "data" / cached.name)
-    rules_ = None if unsandboxed else sandbox_rules(train_root, [private, *hidden], [baseline_root])
+    probe = workprobe.sitecustomize(work / "probe")
+    rules_ = None if unsandboxed else sandbox_rules(train_root, [private, *hidden], [baseline_root, probe])
     broken = horovod_unavailable(rules_)
     if broken:
         raise HorovodUnavailable(f"cannot grade: {broken}. No submission was graded.")
     submission = work / "submission"
     submission.mkdir()
     (submission / "train.py").write_bytes(raw)
+    records = submission / f"work-{secrets.token_hex(8)}"
+    records.mkdir()
     return Prepared(work, train_root, holdout, baseline_root, rules_, submission, submission / "checkpoints",
-                    averaging.timeline_file(submission), seed)
+                    averaging.timeline_file(submission), seed, probe, records)

@@ -115,7 +115,7 @@ def _imported(name: str, node: ast.AST) -> Iterator[Finding]:
         yield capability(name), node, f"imports {name}: {WHY[capability(name)]}"
     elif outside_environment(name):
         yield "import", node, (f"imports {name}: neither the standard library nor the course's environment (torch, "
-                               "horovod.torch, numpy, Pillow, multigpu.core): code the review does not read")
+                               "horovod.torch, numpy, Pillow, multigpu.core, tqdm): code the review does not read")
 
 
 # ----------------------------------------------------------------------------- dynamic access
