@@ -18,19 +18,30 @@ from multigpu.core import layout
 from multigpu.grading import grader, observations, rules, variants, workprobe
 
 
-def test_a_batch_counts_as_trained_when_a_backward_pass_follows_it():
+def test_a_batch_counts_as_trained_when_a_backward_pass_covers_it():
     counts = workprobe.Counts()
     for step in range(9):  # every third batch of 32 forward only
-        counts.batch(32)
+        counts.batch(32, source=1)
         if step % 3 != 2:
             counts.backward_pass()
-    counts.batch(16)  # micro-batches: two backward passes, one batch
+    counts.finished(1)
+    assert (counts.trained_batches, counts.trained_samples) == (6, 192)
+    counts.batch(16, source=2)  # micro-batches: two backward passes, one batch
     counts.backward_pass()
+    counts.backward_pass()
+    counts.batch(32, source=2)  # two batches fetched ahead in a group, then trained one by one
+    counts.batch(32, source=2)
+    counts.backward_pass()
+    counts.backward_pass()
+    for _ in range(3):  # a validation loader's batches: no backward pass
+        counts.batch(25, source=3)
+    counts.batch(32, source=2)  # a batch run forward only
+    counts.batch(32, source=2)
     counts.backward_pass()
     record = counts.to_dict()
     assert (record["batches"], record["samples"], record["trained_batches"], record["trained_samples"]) == \
-        (10, 304, 7, 208)
-    assert record["backward"] == 8 and record["sizes"] == {"32": 9, "16": 1}
+        (17, 507, 10, 304)
+    assert record["backward"] == 11 and record["sizes"] == {"32": 13, "25": 3, "16": 1}
 
 
 def test_the_size_of_a_batch_is_its_first_tensors_first_dimension():

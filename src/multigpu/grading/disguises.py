@@ -1,5 +1,5 @@
-"""Three kinds of cheating that evidence from inside a run cannot catch, each with two disguises:
-edits of the reference (:mod:`multigpu.grading.variants` writes them; the tests and ``multigpu
+"""Kinds of cheating that evidence from inside a run cannot catch (three with two disguises each,
+and issue 49's forward-only batches): edits of the reference (:mod:`multigpu.grading.variants` writes them; the tests and ``multigpu
 calibrate`` grade them). Each must fail, or pass only HELD for review, with a message or a flag
 that names what the grader saw.
 

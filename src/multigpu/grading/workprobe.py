@@ -12,8 +12,9 @@ So the grader counts, inside every Python process of the sandboxed run, before t
 code runs (a ``sitecustomize`` it puts first on the run's ``PYTHONPATH``: :func:`sitecustomize`):
 each batch a ``torch.utils.data.DataLoader`` yields (its size along the first dimension) and each
 backward pass (``torch.autograd.backward``, which ``Tensor.backward`` calls). A batch is trained
-when a backward pass follows it before the next batch is yielded; micro-batches of one batch,
-accumulation (``backward_passes_per_step``) and any number of steps count alike. At exit each
+when a backward pass covers it (:class:`Counts`: each covers the oldest batch its loader yielded
+and none covered yet); micro-batches of one batch, batches fetched ahead in groups, accumulation
+(``backward_passes_per_step``) and any number of steps count alike. At exit each
 process writes its counts to this grading's record folder (:data:`RECORDS_VAR`), under a name of its
 pid; the grader reads them after the run (:class:`WorkWatch`, :func:`work_flags`) and sets the
 images that reached a backward pass against the images the ranks claimed.
@@ -34,7 +35,7 @@ import importlib.machinery
 import json
 import os
 import sys
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,33 +67,38 @@ def sitecustomize(folder: Path) -> Path:
 
 
 class Counts:
-    """One process's counts (see the module doc)."""
+    """One process's counts (see the module doc). Each iterator of a DataLoader keeps the batches it
+    yielded that no backward pass has covered yet, oldest first; a backward pass covers the oldest
+    of the iterator that yielded last. So batches fetched ahead in a group and trained one by one
+    count (two yielded, two backward passes), as do micro-batches of one batch (the extra backward
+    passes find nothing left to cover), while a batch run forward only stays uncovered, and a
+    validation loader's batches never get one."""
 
     def __init__(self) -> None:
         self.batches = self.samples = self.trained_batches = self.trained_samples = self.backward = 0
         self.sizes: Counter[int] = Counter()
-        self.pending = 0  # samples of the last batch yielded, until the next one
-        self.pending_trained = False
+        self.pending: dict[int, deque[int]] = {}
+        self.last = 0
 
-    def batch(self, n: int) -> None:
-        self.close()
+    def batch(self, n: int, source: int = 0) -> None:
         self.batches += 1
         self.samples += n
         self.sizes[n] += 1
-        self.pending, self.pending_trained = n, False
+        self.pending.setdefault(source, deque()).append(n)
+        self.last = source
 
     def backward_pass(self) -> None:
         self.backward += 1
-        self.pending_trained = True
-
-    def close(self) -> None:
-        if self.pending and self.pending_trained:
+        waiting = self.pending.get(self.last)
+        if waiting:
             self.trained_batches += 1
-            self.trained_samples += self.pending
-        self.pending, self.pending_trained = 0, False
+            self.trained_samples += waiting.popleft()
+
+    def finished(self, source: int) -> None:
+        """An iterator that is done: what it left uncovered stays so."""
+        self.pending.pop(source, None)
 
     def to_dict(self) -> dict[str, Any]:
-        self.close()
         rank = next((os.environ[v] for v in ("HOROVOD_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK") if v in os.environ), "")
         return {"pid": os.getpid(), "rank": rank, "batches": self.batches, "samples": self.samples,
                 "trained_batches": self.trained_batches, "trained_samples": self.trained_samples,
@@ -119,8 +125,12 @@ class CountedIterator:
         return self
 
     def __next__(self) -> Any:
-        batch = next(self.iterator)
-        self.counts.batch(batch_size(batch))
+        try:
+            batch = next(self.iterator)
+        except StopIteration:
+            self.counts.finished(id(self))
+            raise
+        self.counts.batch(batch_size(batch), id(self))
         return batch
 
     def __len__(self) -> int:
