@@ -201,6 +201,7 @@ HEADER = "import os\nimport horovod.torch as hvd\nimport torch\nfrom pathlib imp
     ("for x in xs:\n    with torch.no_grad():\n        for p in model.parameters():\n            p -= 0.1 * p.grad", "steps"),
     ("for x in xs:\n    for p in model.parameters():\n        p.data.add_(p.grad, alpha=-0.1)", "steps"),
     ("for x in xs:\n    model.load_state_dict(best)", "steps"),
+    ("for x in xs:\n    model.apply(init)\ndef init(m):\n    m.weight.data.fill_(0)", "steps"),
     # the timeline, the held-out set
     ("os.environ['HOROVOD_TIMELINE'] = 'x'", "timeline"),
     ("where = os.environ.get('HOROVOD_TIME' + 'LINE')", "timeline"),
@@ -276,6 +277,9 @@ print("done", file=sys.stderr)
     "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
     "from torch.utils.data import DataLoader, Subset, SubsetRandomSampler\nfrom torch.utils.data.distributed import DistributedSampler",
     "from tqdm import tqdm\nfor x in tqdm(loader, disable=hvd.rank() != 0):\n    pass",
+    "def init(m):\n    if isinstance(m, torch.nn.Conv2d):\n        torch.nn.init.kaiming_normal_(m.weight)\nmodel.apply(init)",
+    "for p in model.features.parameters():\n    p.requires_grad_(False)",
+    "torch.backends.cudnn.benchmark = True",
     STEP_IN_A_DATACLASS,
     MANUAL_SHARDS,
 ])

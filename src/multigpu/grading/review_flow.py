@@ -288,7 +288,8 @@ class Flow:
         implicit = [f for fs in self.functions.values() for f in fs if id(f) in methods and f.name.startswith("__")
                     and f.name not in ("__init__", "__post_init__", "__new__")]
         as_values = [f for x in ast.walk(self.names.tree) if isinstance(x, (ast.Name, ast.Attribute))
-                     and isinstance(x.ctx, ast.Load) and not self.names.called(x)
+                     and isinstance(x.ctx, ast.Load) and not self.names.called(x) and not self._applied(x)
+                     and not self.names.qualified(x)
                      for f in self.functions.get(x.id if isinstance(x, ast.Name) else x.attr, [])]
         lambdas = [x for x in ast.walk(self.names.tree) if isinstance(x, ast.Lambda)]
         roots: list[ast.AST] = [*implicit, *as_values, *lambdas]
@@ -309,6 +310,18 @@ class Flow:
                         reached.add(id(f))
                         todo.append(f)
         return reached
+
+    def _applied(self, value: ast.AST) -> bool:
+        """``value`` is handed to a module's ``.apply`` (run once on every layer, there and then),
+        outside any loop: weights initialised before training."""
+        call = self.names.up(value)
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "apply"
+                and value in call.args):
+            return False
+        up = self.names.up(call)
+        while up is not None and not isinstance(up, LOOPS):
+            up = self.names.up(up)
+        return up is None
 
     def in_loop(self, node: ast.AST, reached: set[int]) -> bool:
         """``node`` runs in a loop, or in a function a loop reaches (:meth:`loop_reached`)."""

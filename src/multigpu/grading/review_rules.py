@@ -130,13 +130,20 @@ def dynamic(names: Names, flow: Flow) -> Iterator[Finding]:
             yield "dynamic", node, f"{node.attr}: a frame's variables, any function's"
         elif isinstance(node, ast.Name) and node.id in ("__builtins__", "__loader__", "__spec__"):
             yield "dynamic", node, f"{node.id}: the interpreter's own names, a way around the names the review reads"
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)) and names.qualified(node):
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)) and names.qualified(node) \
+                and not _setting(names, node):
             yield "dynamic", node, f"assigns {names.qualified(node)}: changes what a module's name reaches"
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)) \
                 and names.qualified(node.value) == "os.environ":
             yield "environment", node, f"writes os.environ: {WHY['environment']}"
         elif isinstance(node, ast.Call):
             yield from _by_name(names, flow, node)
+
+
+def _setting(names: Names, target: ast.Attribute) -> bool:
+    """A module's setting given a literal (``torch.backends.cudnn.benchmark = True``): no name of it changes."""
+    up = names.up(target)
+    return isinstance(up, ast.Assign) and isinstance(up.value, ast.Constant)
 
 
 def _by_name(names: Names, flow: Flow, call: ast.Call) -> Iterator[Finding]:

@@ -134,8 +134,12 @@ def model_state(flow: Flow, expr: ast.AST) -> bool:
     return False
 
 
+#: In-place methods that change a tensor's flags, not its values.
+FLAGS_ONLY = frozenset({"requires_grad_", "retain_grad", "share_memory_", "pin_memory_"})
+
+
 def _in_place(name: str) -> bool:
-    return name.endswith("_") and not name.startswith("_") or name in ("set_", "copy_")
+    return name.endswith("_") and not name.startswith("_") and name not in FLAGS_ONLY
 
 
 def gradient_calls(names: Names, flow: Flow, call: ast.Call, looping: set[int]) -> Iterator[Finding]:
