@@ -60,6 +60,8 @@ def sitecustomize(folder: Path) -> Path:
     """Write the probe's ``sitecustomize.py`` into ``folder`` (to be put first on ``PYTHONPATH``)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (folder / "sitecustomize.py").chmod(0o644)  # the sandbox's account reads it, whatever the umask
+    folder.chmod(0o755)
     return folder
 
 
