@@ -745,7 +745,7 @@ def test_the_forgeries_of_issue_31_are_failed_or_held_never_certified(name, tmp_
         c = result.criteria["sharded"]
         assert not c.passed and "more than once" in c.message, c.message
     elif name == "timeline_forger":  # torch's Gloo connections between the ranks, seen from outside
-        assert {"timeline", "import", "network"} <= kinds, result.review
+        assert {"timeline", "channel", "network"} <= kinds, result.review
     else:
         assert "collective" in kinds, result.review
         assert result.measurements["horovod_gradient_rounds_per_epoch"] > 0  # the zeros are real all-reduces

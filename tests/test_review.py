@@ -1,8 +1,9 @@
 """Review flags read from a submission's source, the hold on a flagged pass, the instructor's
-decision, and the audit trail of an official result (grading/review.py, official.py, audit.py).
+decision, and the audit trail of an official result (grading/review.py, review_rules.py,
+review_training.py, review_flow.py, capabilities.py, official.py, audit.py).
 
 Nothing here runs a submission: the flags come from Python's ast; the real gradings of the
-forgeries are in tests/test_grading.py.
+forgeries are in tests/test_grading.py, of a sample of the honest corpus in tests/test_corpus.py.
 """
 
 from __future__ import annotations
@@ -14,16 +15,41 @@ from pathlib import Path
 
 import pytest
 
-from multigpu.grading import audit, grader, official, review, variants, vocabulary
+from multigpu.grading import audit, capabilities, grader, official, review, variants
+
+CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 
 
 def _flags(name: str, tmp_path: Path) -> list[review.Flag]:
     return review.flags(variants.write(name, grader.REFERENCE, tmp_path / f"{name}.py").read_text())
 
 
-def test_the_reference_and_the_starter_are_never_flagged():
+def test_the_reference_is_never_flagged_and_the_starter_only_for_its_local_step():
     assert review.flags(grader.REFERENCE.read_text()) == []
-    assert review.flags(grader.STARTER.read_text()) == []
+    assert [(f.kind, f.code) for f in review.flags(grader.STARTER.read_text())] == [("steps", "optimizer.step()")]
+
+
+def _corpus() -> list[Path]:
+    return sorted(CORPUS.glob("*/*/train.py"))
+
+
+def test_the_honest_corpus_holds_forty_conversions_written_independently():
+    """Issue 49, point 2: two writers, each given only the starter and the assessment's text
+    (their INDEX.md says what each conversion does); docs/calibration.md lists them."""
+    assert len(_corpus()) >= 40
+    for writer in {p.parents[1] for p in _corpus()}:
+        index = (writer / "INDEX.md").read_text()
+        assert all(p.parent.name in index for p in _corpus() if p.parents[1] == writer)
+
+
+@pytest.mark.parametrize("path", _corpus(), ids=lambda p: f"{p.parents[1].name}/{p.parent.name}")
+def test_no_conversion_of_the_honest_corpus_is_flagged(path):
+    """A review by capability, not by familiarity: helper classes, logging, dataclasses, manual
+    sharding, other optimizers and schedulers, accumulation, early exits, comments in other
+    languages raise no flag (issue 49: 0 of >= 40 fail review, <= 5% held; here none is held)."""
+    text = path.read_text()
+    compile(text, str(path), "exec")
+    assert review.flags(text) == [], [f.to_dict() for f in review.flags(text)]
 
 
 @pytest.mark.parametrize("name", sorted(variants.HONEST))
@@ -42,30 +68,35 @@ def test_there_are_twenty_honest_conversions():
 @pytest.mark.parametrize("name,kind,words", [
     # issue 31 (a): torch DDP, and rank 0 writes Horovod's timeline itself
     ("timeline_forger", "timeline", "HOROVOD_TIMELINE"),
-    ("timeline_forger", "import", "torch.distributed"),
+    ("timeline_forger", "channel", "import torch.distributed"),
+    ("timeline_forger", "channel", 'open(os.environ["HOROVOD_TIMELINE"], "w")'),
     # issue 31 (c): each rank trains alone; zero tensors shaped like the gradients all-reduced
     ("zero_allreduce", "collective", "zeros_like"),
     ("zero_allreduce", "collective", "broadcast_parameters"),
     ("never_averaged", "collective", "broadcast_parameters"),
     ("rank0_trains_alone", "collective", "broadcast_parameters"),
-    ("ddp_under_horovodrun", "call", "DistributedDataParallel"),
-    ("straggler", "call", "sleep"),
-    ("hang", "stall", "while True"),
+    ("ddp_under_horovodrun", "channel", "DistributedDataParallel"),
+    ("ddp_under_horovodrun", "steps", "optimizer.step()"),
+    ("fake_metrics", "channel", 'open("metrics.json", "w")'),
     # issue 40, kind 1: another framework reached by hidden names, a forged timeline
     ("hidden_ddp", "dynamic", "vars(torch)['distri' + 'buted']"),
-    ("hidden_ddp", "dynamic", '"HORO" + "VOD_TIME" + "LINE"'),
+    ("hidden_ddp", "timeline", '"HORO" + "VOD_TIME" + "LINE"'),
+    ("hidden_ddp", "dynamic", 'vars(torch)["__builtins__"]'),
     ("hidden_ddp_filestore", "dynamic", "getattr(torch, ''.join(['dis', 'trib', 'uted']))"),
-    ("file_averaging", "call", "torch.load(o)"),
-    ("file_averaging", "stall", "while not all"),
-    # kind 2: less work than claimed, the rest of the files opened to look read
-    ("short_epochs_touch", "call", "train_set.dataset.read(i)"),
+    ("file_averaging", "load", "torch.load(o)"),
+    ("file_averaging", "channel", "torch.save([p.grad for p in model.parameters()]"),
+    ("file_averaging", "gradients", "p.grad.copy_("),
     # kind 3: genuine all-reduces, local steps, rank 0's weights copied before each save
-    ("local_steps", "call", "torch.autograd.grad"),
-    ("local_steps", "call", "optimizer.synchronize()"),
-    ("local_steps", "call", "optimizer.skip_synchronize()"),
-    ("local_steps", "dynamic", "before_save['sync'](model.state_dict(), root_rank=0)"),
+    ("local_steps", "gradients", "p.grad.copy_(g)"),
+    ("local_steps", "gradients", "optimizer.synchronize()"),
+    ("local_steps", "gradients", "optimizer.skip_synchronize()"),
+    ("local_steps", "collective", "before_save = {'sync': hvd.broadcast_parameters}"),
     ("local_steps_shadow", "collective", "hvd.broadcast_parameters(model.state_dict(), root_rank=0)"),
-    ("local_steps_reload", "call", "model.load_state_dict(torch.load(first)['model'])"),
+    ("local_steps_shadow", "steps", "own.step()"),
+    ("local_steps_reload", "load", "torch.load(first)"),
+    ("local_steps_reload", "steps", "model.load_state_dict("),
+    # issue 49: half of each batch's loss detached
+    ("half_detached", "gradients", "loss.backward()"),
 ])
 def test_the_forgeries_are_flagged_on_the_line_that_does_it(name, kind, words, tmp_path):
     found = [f for f in _flags(name, tmp_path) if f.kind == kind]
@@ -73,10 +104,12 @@ def test_the_forgeries_are_flagged_on_the_line_that_does_it(name, kind, words, t
     assert all(f.line > 0 and f.why for f in found)
 
 
-def test_less_work_within_the_vocabulary_raises_no_source_flag(tmp_path):
-    """short_epochs and its cached disguise use only what a conversion uses: what the grader saw
-    read catches them (tests/test_grading.py), not the review of the source."""
-    assert _flags("short_epochs", tmp_path) == [] and _flags("short_epochs_cached", tmp_path) == []
+@pytest.mark.parametrize("name", ["short_epochs", "short_epochs_cached", "short_epochs_touch", "every_third_forward_only",
+                                  "batch_48"])
+def test_less_work_within_what_a_conversion_does_raises_no_source_flag(name, tmp_path):
+    """These use only what an honest conversion uses: what the grader saw of the run catches the
+    cheats (the reads, the work per round: tests/test_grading.py), not the review of the source."""
+    assert _flags(name, tmp_path) == []
 
 
 #: What the snippets of the tests below import, as a conversion does.
@@ -84,52 +117,140 @@ HEADER = "import os\nimport horovod.torch as hvd\nimport torch\nfrom pathlib imp
 
 
 @pytest.mark.parametrize("line,kind", [
+    # other channels between processes
+    ("import socket", "channel"),
+    ("from mpi4py import MPI", "channel"),
+    ("import torch.distributed as dist", "channel"),
+    ("from multiprocessing import shared_memory", "channel"),
+    ("import mmap", "channel"),
+    ("t = torch.from_file('/dev/shm/x', shared=True, size=10)", "channel"),
+    ("ddp = torch.nn.parallel.DistributedDataParallel(model)", "channel"),
+    ("r, w = os.pipe()", "channel"),
+    ("grads.share_memory_()", "channel"),
+    ("with open('/tmp/g.txt', 'w') as f:\n    f.write('x')", "channel"),
+    ("Path('/dev/shm/g').write_bytes(b'x')", "channel"),
+    ("torch.save(model.state_dict(), 'mine.pt')", "channel"),
+    ("torch.save(x, Path(args.checkpoint_dir) / '..' / 'x.pt')", "channel"),
+    ("torch.save(x, Path(args.checkpoint_dir).parent / 'x.pt')", "channel"),
+    ("import tempfile\nd = tempfile.mkdtemp()", "channel"),
+    ("import logging\nlogging.basicConfig(filename='train.log')", "channel"),
+    ("text = (Path(args.checkpoint_dir) / 'rank-0-epoch-1.pt').read_bytes()", "channel"),
+    # processes and threads
+    ("import subprocess", "process"),
+    ("import threading", "process"),
+    ("from concurrent.futures import ThreadPoolExecutor", "process"),
+    ("pid = os.fork()", "process"),
+    ("os.system('true')", "process"),
+    ("from multigpu.running import launch", "process"),
+    # dynamic access
+    ("d = vars(torch)", "dynamic"),
+    ("d = vars(model)", "dynamic"),
+    ("d = torch.__dict__['distributed']", "dynamic"),
+    ("g = globals()['hvd']", "dynamic"),
+    ("name = 'all' + 'reduce'\nf = getattr(hvd, name)", "dynamic"),
+    ("setattr(optimizer, name, None)", "dynamic"),
+    ("import sys\nd = sys.modules['torch.distributed']", "dynamic"),
+    ("import importlib\nm = importlib.import_module('torch.distributed')", "dynamic"),
+    ("exec('x = 1')", "dynamic"),
+    ("f = eval('print')", "dynamic"),
+    ("c = compile('x', 'f', 'exec')", "dynamic"),
+    ("import inspect\ng = inspect.currentframe().f_back.f_globals", "dynamic"),
+    ("h = hvd\nh.broadcast_parameters(model.state_dict(), root_rank=0)", "dynamic"),
+    ("hvd.allreduce = print", "dynamic"),
+    ("from horovod.torch import *", "dynamic"),
+    ("s = model.__class__.__subclasses__()", "dynamic"),
+    # native code, signals, the environment
+    ("import ctypes", "native"),
+    ("import signal", "signal"),
+    ("os.kill(1, 9)", "signal"),
+    ("os.environ['HOROVOD_FUSION_THRESHOLD'] = '0'", "environment"),
+    ("os.environ.update(HOROVOD_CYCLE_TIME='1')", "environment"),
+    ("os.chdir('/tmp')", "environment"),
+    # code loaded from files
+    ("raw = torch.load(os.environ['OTHER_RESULTS'])", "load"),
+    ("import pickle", "load"),
+    ("import sys\nsys.path.insert(0, '/tmp')", "load"),
+    ("import helper_beside_me", "import"),
+    ("from . import helper", "import"),
+    ("import requests", "import"),
+    ("from multigpu.grading import rules", "import"),
+    # Horovod outside its training API, collectives out of place
+    ("hvd.start_timeline('/tmp/t.json')", "horovod"),
+    ("from horovod.torch.mpi_ops import allreduce_async", "horovod"),
+    ("import horovod.torch.elastic", "horovod"),
     ("grads = hvd.grouped_allreduce([p.grad for p in model.parameters()])", "collective"),
     ("for p in model.parameters():\n    hvd.allreduce_(p.data, name='x')", "collective"),
     ("for s in SHAPES:\n    hvd.allreduce(torch.zeros(s).shape, name='y')", "collective"),
     ("for x in batches:\n    hvd.broadcast_parameters(model.state_dict(), root_rank=0)", "collective"),
+    ("for x in batches:\n    model.load_state_dict(hvd.broadcast_object(model.state_dict(), root_rank=0))", "collective"),
     ("def sync(m):\n    hvd.broadcast_parameters(m.state_dict(), root_rank=0)\nfor x in xs:\n    sync(model)",
      "collective"),
     ("later = lambda: hvd.broadcast_parameters(model.state_dict(), root_rank=0)", "collective"),
-    ("hvd.start_timeline('/tmp/t.json')", "timeline"),
+    ("hooks = {'a': hvd.broadcast_parameters}", "collective"),
+    # gradients changed after the all-reduce, or cut off before it
+    ("optimizer.synchronize()", "gradients"),
+    ("with optimizer.skip_synchronize():\n    optimizer.step()", "gradients"),
+    ("for p in model.parameters():\n    p.grad = torch.zeros_like(p)", "gradients"),
+    ("grads = [p.grad for p in model.parameters()]\nfor g in grads:\n    g.mul_(0)", "gradients"),
+    ("setattr(p, 'grad', None)", "gradients"),
+    ("p.register_hook(lambda g: g * 0)", "gradients"),
+    ("loss = loss_fn(out[:16], y[:16]) + loss_fn(out[16:], y[16:]).detach()\nloss.backward()", "gradients"),
+    ("with torch.no_grad():\n    rest = loss_fn(model(x2), y2)\n(loss_fn(model(x1), y1) + rest).backward()", "gradients"),
+    # steps outside the DistributedOptimizer's
+    ("own = torch.optim.SGD(model.parameters(), lr=0.1)\nown.step()", "steps"),
+    ("for x in xs:\n    with torch.no_grad():\n        for p in model.parameters():\n            p -= 0.1 * p.grad", "steps"),
+    ("for x in xs:\n    for p in model.parameters():\n        p.data.add_(p.grad, alpha=-0.1)", "steps"),
+    ("for x in xs:\n    model.load_state_dict(best)", "steps"),
+    ("for x in xs:\n    model.apply(init)\ndef init(m):\n    m.weight.data.fill_(0)", "steps"),
+    # the timeline, the held-out set
     ("os.environ['HOROVOD_TIMELINE'] = 'x'", "timeline"),
-    # imports and calls outside the vocabulary
-    ("from mpi4py import MPI", "import"),
-    ("import socket", "import"),
-    ("import torch.distributed as dist", "import"),
-    ("grads = torch.autograd.grad(loss, list(model.parameters()))", "call"),
-    ("optimizer.synchronize()", "call"),
-    ("with optimizer.skip_synchronize():\n    optimizer.step()", "call"),
-    ("m = importlib.import_module('torch.distributed')", "call"),
-    ("time.sleep(0.5)", "call"),
-    ("data = open('/etc/passwd').read()", "call"),
-    ("secret = Path.home() / '.ssh'", "call"),
-    ("raw = torch.load(os.environ['OTHER_RESULTS'])", "call"),
-    ("text = Path(__file__).parents[2].joinpath('key').read_text()", "call"),
-    ("class Saver:\n    def __exit__(self, *a):\n        pass", "call"),
-    ("ddp = torch.nn.parallel.DistributedDataParallel(model)", "call"),
-    # dynamic access, anywhere
-    ("d = vars(torch)", "dynamic"),
-    ("d = torch.__dict__['distributed']", "dynamic"),
-    ("g = globals()['hvd']", "dynamic"),
-    ("f = getattr(hvd, 'all' + 'reduce')", "dynamic"),
-    ("setattr(optimizer, 'step', None)", "dynamic"),
-    ("import sys\nd = sys.modules['torch.distributed']", "dynamic"),
-    ("exec(open('x').read())", "dynamic"),
-    ("hooks = {'a': print}\nhooks['a']('x')", "dynamic"),
-    ("table = {'a': print}\ntable.get('a')('x')", "dynamic"),
-    ("f = optimizer.synchronize\nf()", "dynamic"),
-    ("for f in steps:\n    f()", "dynamic"),
-    ("hvd.allreduce = print", "dynamic"),
-    ("name = 'distri' + 'buted'", "dynamic"),
-    ("name = ''.join(['distri', 'buted'])", "dynamic"),
-    ("name = 'detubirtsid'[::-1]", "dynamic"),
-    ("for _ in range(10**8):\n    pass", "stall"),
+    ("where = os.environ.get('HOROVOD_TIME' + 'LINE')", "timeline"),
+    ("from multigpu.core import data\nh = data.ensure_dataset('/tmp/h', val_per_class=100, seed=7919)", "holdout"),
 ])
 def test_each_kind_of_flag(line, kind):
     found = review.flags(HEADER + line + "\n")
     assert kind in {f.kind for f in found}, (line, [f.to_dict() for f in found])
     assert all(f.line > 4 for f in found if f.kind == kind)  # on the snippet's line, not the imports'
+
+
+#: Issue 49's honest code that the familiarity review held: the reference's step in a small
+#: dataclass with logging instead of print; manual sharding as Horovod's docs show it.
+STEP_IN_A_DATACLASS = """
+import logging
+from dataclasses import dataclass
+log = logging.getLogger(__name__)
+
+@dataclass
+class Step:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_fn: torch.nn.Module
+
+    def __call__(self, images, labels) -> float:
+        self.optimizer.zero_grad()
+        loss = self.loss_fn(self.model(images), labels)
+        loss.backward()
+        self.optimizer.step()
+        return loss.item()
+
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+step = Step(model, optimizer, torch.nn.CrossEntropyLoss())
+for images, labels in loader:
+    log.info("loss %.3f", step(images, labels))
+"""
+MANUAL_SHARDS = """
+import time, sys
+from torch.utils.data import Subset
+g = torch.Generator()
+g.manual_seed(epoch)
+order = torch.randperm(len(train_set), generator=g).tolist()
+shard = Subset(train_set, order[hvd.rank()::hvd.size()])
+started = time.perf_counter()
+with open(os.path.join(args.checkpoint_dir, "log.txt"), "a") as f:
+    print("took", time.perf_counter() - started, file=f)
+print("done", file=sys.stderr)
+"""
 
 
 @pytest.mark.parametrize("line", [
@@ -140,27 +261,42 @@ def test_each_kind_of_flag(line, kind):
     "hvd.broadcast_parameters(model.state_dict(), root_rank=0)\nfor x in xs:\n    optimizer.step()",
     "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Average)",
     "first = hvd.broadcast_object(1, root_rank=0, name='first_epoch')",
+    "for e in epochs:\n    stop = hvd.broadcast_object(acc > 0.9, root_rank=0, name='stop')",
     "scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lambda i: rate(i))",
     "if torch.cuda.is_available():\n    torch.cuda.set_device(hvd.local_rank())",
+    "torch.cuda.synchronize()",
     "raise ValueError('no data')",
     "print(f'{len(xs)} of {max(xs)}: ' + 'done')",
+    "name = 'distri' + 'buted'",
+    "cfg = Config(**vars(parser.parse_args(argv)))",
+    "args = argparse.Namespace(**hvd.broadcast_object(vars(parse_args(argv)), root_rank=0))",
+    "lr = getattr(args, 'lr', 0.01)",
+    "import math, itertools, functools, collections, typing, json, random, statistics, argparse, warnings, contextlib",
+    "for x in xs:\n    loss = loss_fn(model(x), y)\n    (loss / 2).backward()\n    running += loss.item()",
+    "for g in optimizer.param_groups:\n    g['lr'] = 0.1",
+    "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
+    "from torch.utils.data import DataLoader, Subset, SubsetRandomSampler\nfrom torch.utils.data.distributed import DistributedSampler",
+    "from tqdm import tqdm\nfor x in tqdm(loader, disable=hvd.rank() != 0):\n    pass",
+    "def init(m):\n    if isinstance(m, torch.nn.Conv2d):\n        torch.nn.init.kaiming_normal_(m.weight)\nmodel.apply(init)",
+    "for p in model.features.parameters():\n    p.requires_grad_(False)",
+    "torch.backends.cudnn.benchmark = True",
+    STEP_IN_A_DATACLASS,
+    MANUAL_SHARDS,
 ])
-def test_what_the_known_conversions_do_is_not_flagged(line):
-    assert review.flags(HEADER + line + "\n") == []
+def test_what_honest_conversions_do_is_not_flagged(line):
+    assert review.flags(HEADER + line + "\n") == [], [f.to_dict() for f in review.flags(HEADER + line + "\n")]
 
 
-def test_the_vocabulary_is_learned_from_the_known_conversions_and_holds_no_cheat():
-    known = vocabulary.known()
-    learned = vocabulary.learn([grader.STARTER.read_text(), grader.REFERENCE.read_text()])
-    assert learned <= known and vocabulary.HOROVOD_API <= known
-    for cheat in ("call:torch.autograd.grad", "method:synchronize", "method:skip_synchronize", "call:torch.load",
-                  "method:load_state_dict", "import:torch.distributed", "call:builtins.open", "call:builtins.getattr",
-                  "call:builtins.vars", "call:builtins.exec", "call:horovod.torch.start_timeline",
-                  "call:horovod.torch.grouped_allreduce", "method:register_hook", "method:copy_", "call:time.sleep",
-                  "import:sys", "import:importlib", "import:subprocess", "import:socket", "define:__exit__"):
-        assert cheat not in known, cheat
-    # it grows by a reviewed honest conversion, and only by what that conversion does
-    assert "call:torch.optim.lr_scheduler.LambdaLR" in known and "call:torch.cuda.set_device" in known
+def test_each_capability_is_named_and_the_pure_standard_library_is_none():
+    for q in ("socket.socket", "torch.distributed.all_reduce", "subprocess.run", "ctypes.CDLL", "signal.signal",
+              "pickle.load", "torch.load", "importlib.import_module", "os.fork", "os.putenv", "sys.modules"):
+        assert capabilities.capability(q) in capabilities.WHY, q
+    for q in ("logging.getLogger", "dataclasses.dataclass", "math.sqrt", "time.perf_counter", "itertools.count",
+              "functools.partial", "collections.deque", "json.dumps", "random.Random", "statistics.mean",
+              "argparse.ArgumentParser", "torch.optim.SGD", "torch.randperm", "torch.utils.data.Subset", "os.path.join",
+              "os.environ.get", "sys.exit", "os.sched_getaffinity"):
+        assert capabilities.capability(q) == "", q
+    assert set(review.KINDS) >= set(capabilities.WHY)
 
 
 def test_a_flagged_pass_is_held_and_a_flagged_fail_is_not():

@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from multigpu.core import data
+from multigpu.core import data, layout
 from multigpu.grading import grader, preparation, rules, runner, sandbox
 
 pytestmark = pytest.mark.skipif(sandbox.unavailable() is not None, reason=f"no sandbox: {sandbox.unavailable()}")
@@ -232,3 +234,58 @@ def test_the_sandbox_command_hides_home_and_binds_back_only_what_runs(tmp_path):
     env = sandbox.environment({"X": "1"})
     assert env["HOME"] == sandbox.HOME and "MULTIGPU_COURSE_KEY" not in env and env["X"] == "1"
     assert sys.executable.rsplit("/", 1)[0] in env["PATH"]
+
+
+def _private_venv(base: Path) -> Path:
+    """A venv of this Python inside ``base/locked``, a 700 folder of the caller's."""
+    locked = base / "locked"
+    locked.mkdir(mode=0o700)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(locked / "venv")], check=True, timeout=120,
+                   capture_output=True)
+    return locked / "venv"
+
+
+@pytest.mark.slow
+def test_python_under_a_private_folder_that_is_not_home_runs_in_the_sandbox():
+    """Issue 49, point 4: graded as root with HOME elsewhere and Python under a 700 folder (pyenv in
+    root's home), the sandbox's account could not reach the interpreter and every grading fell back
+    to NOT SANDBOXED. Here the interpreter is a venv under a 700 folder outside HOME and /tmp (so no
+    hidden folder covers it already): the sandbox starts, and Python inside is the same one, not
+    whatever else the account can reach. As an ordinary user it holds the same way."""
+    base = Path(tempfile.mkdtemp(prefix="multigpu-test-", dir="/var/tmp"))
+    try:
+        venv = _private_venv(base)
+        (base / "home").mkdir()
+        show = ("import sys, subprocess; from pathlib import Path; from multigpu.grading import sandbox; "
+                "print('unavailable:', sandbox.unavailable()); "
+                "argv = sandbox.command([sys.executable, '-c', 'import sys; print(sys.prefix, sys.base_prefix)'], "
+                "workdir=Path('/'), writable=False); "
+                "print('inside:', subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.strip())")
+        env = {"PATH": os.environ["PATH"], "HOME": str(base / "home"), "PYTHONPATH": str(layout.IMPORT_ROOT)}
+        out = subprocess.run([str(venv / "bin" / "python"), "-c", show], capture_output=True, text=True, timeout=120,
+                             env=env, cwd=base)
+        assert out.returncode == 0, out.stderr
+        assert "unavailable: None" in out.stdout, out.stdout
+        assert f"inside: {venv} {Path(sys.base_prefix).resolve()}" in out.stdout, out.stdout
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_folder_the_account_may_not_enter_is_named_with_its_fix(tmp_path, monkeypatch):
+    """The folders on the way to Python that the sandbox's account may not enter are covered (and
+    what lies below bound back); where Python still cannot run, the message names the folder and
+    the fix, not namespaces (the grader may already be root)."""
+    locked = tmp_path / "locked"
+    (locked / "python" / "bin").mkdir(parents=True)
+    (locked / "python").chmod(0o700)
+    locked.chmod(0o700)
+    account = pwd.struct_passwd(("someone", "x", os.geteuid() + 1, os.getegid() + 1, "", "/", "/bin/sh"))
+    owner = pwd.struct_passwd(("owner", "x", os.geteuid(), os.getegid(), "", "/", "/bin/sh"))
+    assert locked in sandbox.closed_on_the_way([locked / "python"], account)
+    assert sandbox.closed_on_the_way([locked / "python"], owner) == []
+    assert sandbox.closed_on_the_way([locked / "python"], None) == []  # the caller itself reached it
+    monkeypatch.setattr(sandbox, "runtime_paths", lambda: [locked / "python"])
+    message = sandbox.python_unreachable("Permission denied", account)
+    assert f"may not read {locked / 'python'} (mode 700" in message and "chmod -R o+rX" in message, message
+    assert "namespaces" not in message and "grade as root" not in message
+    assert "grade as root" not in sandbox.namespaces_refused("Operation not permitted", account)

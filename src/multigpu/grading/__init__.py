@@ -15,9 +15,9 @@ A grading (:func:`grader.grade`) runs in this order, each stage in its own modul
                   set against what the ranks claimed (observations), the baselines
     criteria      judge: workers, identical, sharded, accuracy, throughput, one module each
     result        the verdicts (Criterion, GradeResult), saved as JSON; GradingUnavailable
-    review        what no check inside the run can prove: the source read against the vocabulary of
-                  known conversions (vocabulary, review_rules) and what the grader saw of the run
-                  (observations); flags that hold a pass
+    review        what no check inside the run can prove: the source read for capabilities
+                  (capabilities, review_rules, review_training, review_flow) and what the grader saw
+                  of the run (observations, workprobe); flags that hold a pass
     audit         what was graded by which grader (SHA-256, version, the kept source)
     grader        grade(), judge(), deferred(): the pipeline, and the names callers use
 

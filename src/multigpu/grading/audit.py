@@ -5,11 +5,16 @@ next to the result, named by ``source_file``), their SHA-256 (``source_sha256``)
 version (``grader_version``: the package's version and the course's git commit when it is a
 checkout), the profile's settings and every measurement. :func:`regrade` grades the kept copy
 again under the same settings and says whether the verdict holds (:mod:`multigpu.grading.regrade`).
+The held-out set's secret seed is no part of the result (its SHA-256 is: ``holdout_seed_sha256``);
+an official grading keeps it beside the result, readable by the grader's account only
+(``<result stem>.holdout-seed``, :func:`keep_holdout_seed`), so that a regrade judges on the same
+images (:func:`stored_holdout_seed`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -86,3 +91,34 @@ def stored_source(result_file: Path, stored: dict[str, Any]) -> Path:
     if sha256(copy.read_bytes()) != stored.get("source_sha256"):
         raise ValueError(f"{copy} is not the graded source: its SHA-256 differs from the result's source_sha256")
     return copy
+
+
+def seed_digest(seed: int) -> str:
+    """What a result records of its held-out seed: a SHA-256 that commits to it without telling it."""
+    return sha256(f"multigpu-holdout-seed:{int(seed)}".encode())
+
+
+def keep_holdout_seed(result_file: Path, seed: int) -> str:
+    """Keep ``seed`` beside ``result_file`` (``<result stem>.holdout-seed``, mode 600: the grader's
+    account only) and return the file's name."""
+    path = result_file.with_name(f"{result_file.stem}.holdout-seed")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{int(seed)}\n")
+    os.chmod(path, 0o600)
+    return path.name
+
+
+def stored_holdout_seed(result_file: Path, stored: dict[str, Any]) -> int | None:
+    """The held-out seed kept beside the result in ``result_file``, checked against the result's
+    ``holdout_seed_sha256``; None where none was kept (a regrade then draws a fresh one)."""
+    path = result_file.with_name(f"{result_file.stem}.holdout-seed")
+    if not stored.get("holdout_seed_sha256") or not path.is_file():
+        return None
+    try:
+        seed = int(path.read_text().strip())
+    except ValueError:
+        raise ValueError(f"{path} holds no seed") from None
+    if seed_digest(seed) != stored["holdout_seed_sha256"]:
+        raise ValueError(f"{path} is not the graded held-out seed: its SHA-256 differs from the result's")
+    return seed

@@ -1,5 +1,5 @@
-"""Three kinds of cheating that evidence from inside a run cannot catch, each with two disguises:
-edits of the reference (:mod:`multigpu.grading.variants` writes them; the tests and ``multigpu
+"""Kinds of cheating that evidence from inside a run cannot catch (three with two disguises each,
+and issue 49's forward-only batches): edits of the reference (:mod:`multigpu.grading.variants` writes them; the tests and ``multigpu
 calibrate`` grade them). Each must fail, or pass only HELD for review, with a message or a flag
 that names what the grader saw.
 
@@ -13,20 +13,20 @@ variant                     what it does                                        
 ``hidden_ddp_filestore``    the same, meeting through a FileStore in the run     network, review
                             folder (no TCP store) and ``getattr`` of joined
                             pieces
-``file_averaging``          no framework: each rank averages the gradients       review (calls outside
-                            through files in the sandbox's private /tmp; no      the vocabulary)
-                            connection at all
+``file_averaging``          no framework: each rank averages the gradients       review (files written
+                            through files in the sandbox's private /tmp; no      outside the checkpoint
+                            connection at all                                    folder, torch.load)
 **2. less work than claimed**
 ``short_epochs``            each rank trains on the first 2/3 of its shard and   reads: ``sharded``
                             claims all of it                                     fails (never read)
 ``short_epochs_cached``     epoch 1 on the whole shard, kept decoded in memory;  reads: held (samples
                             later epochs train on 2/3 of it and claim all        served from memory)
-``short_epochs_touch``      trains on 2/3 and opens the files of the rest, so    review (``.read``)
-                            that every claimed file is read
+``short_epochs_touch``      trains on 2/3 and opens the files of the rest, so    work: no backward
+                            that every claimed file is read                      pass for a third
 **3. genuine all-reduces, local steps**
-``local_steps``             DistributedOptimizer's hooks all-reduce, but each    review (autograd.grad,
-                            rank steps with its own gradients (autograd.grad,    synchronize, a call
-                            synchronize, skip_synchronize); rank 0's weights     through a dict)
+``local_steps``             DistributedOptimizer's hooks all-reduce, but each    review (.grad written,
+                            rank steps with its own gradients (autograd.grad,    synchronize, a
+                            synchronize, skip_synchronize); rank 0's weights     broadcast handed on)
                             broadcast before each save through a dict
 ``local_steps_shadow``      the hooks all-reduce the gradients of a second,      review (a broadcast
                             shadow model; the real one steps locally; a helper   a loop reaches)
@@ -34,7 +34,20 @@ variant                     what it does                                        
 ``local_steps_reload``      local steps as ``local_steps``; the other ranks      review (torch.load,
                             load rank 0's checkpoint file instead of a           load_state_dict)
                             broadcast
+**4. images counted as trained that got no gradient (issue 49)**
+``every_third_forward_only``  every third batch runs forward only (no backward,  work: the images the
+                            no step) and is claimed as trained: about 48 images  grader saw reach a
+                            per worker between two rounds where the loader       backward pass, fewer
+                            yields 32, as an honest batch of 48 would show       than claimed
+``half_detached``           each batch's loss on its second half is detached:    review (gradients:
+                            a backward and a step every batch, gradients of      the loss cut off
+                            half of it                                           from the graph)
 ==========================  ===================================================  =====================
+
+The honest counterpart of kind 4 is ``batch_48`` (:data:`multigpu.grading.honest.HONEST`): 48
+images per worker between two rounds, every one through a backward pass; it must pass unflagged.
+
+The capability each flag stands for, and the rule behind it: docs/calibration.md.
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ from multigpu.grading.edits import (
     GETITEM,
     INIT,
     LOSS,
+    LOSS_ONLY,
     MAIN,
     MAIN_DEF,
     PIN,
@@ -221,16 +235,31 @@ EDITS: dict[str, dict[str, str]] = {
     },
 }
 
+EDITS["every_third_forward_only"] = {
+    LOSS: ("            if step % 3 == 2:  # every third batch: forward only, no gradient, no step ...\n"
+           "                with torch.no_grad():\n"
+           "                    loss = loss_fn(model(images), labels)\n"
+           "                trained_on.extend(index.tolist())  # ... and claimed as trained\n"
+           "                continue\n" + LOSS),
+}
+EDITS["half_detached"] = {
+    LOSS_ONLY: ("            out, half = model(images), len(labels) // 2\n"
+                "            # the second half's loss counts in the figure, not in the gradient\n"
+                "            loss = (loss_fn(out[:half], labels[:half]) + loss_fn(out[half:], labels[half:]).detach()) / 2\n"),
+}
+
 #: variant -> what must catch it: a criterion that fails, or ``held:<flag kind>`` (a pass held for
 #: review with a flag of that kind; a fail is as good)
 CAUGHT_BY: dict[str, str] = {
     "hidden_ddp": "held:network",
     "hidden_ddp_filestore": "held:network",
-    "file_averaging": "held:call",
+    "file_averaging": "held:channel",
     "short_epochs": "sharded",
     "short_epochs_cached": "held:reads",
-    "short_epochs_touch": "held:call",
-    "local_steps": "held:call",
+    "short_epochs_touch": "held:work",
+    "local_steps": "held:gradients",
     "local_steps_shadow": "held:collective",
-    "local_steps_reload": "held:call",
+    "local_steps_reload": "held:load",
+    "every_third_forward_only": "held:work",
+    "half_detached": "held:gradients",
 }

@@ -31,6 +31,7 @@ OPTIMIZER = "    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, mom
 VAL_COUNTS = ('    counts = hvd.allreduce(torch.tensor([correct, total], dtype=torch.float64), op=hvd.Sum, '
               'name="val_counts")\n')
 LOSS = "            loss = loss_fn(model(images), labels)\n            loss.backward()\n"
+LOSS_ONLY = "            loss = loss_fn(model(images), labels)\n"
 GETITEM = "        image, label = self.dataset[i]\n"
 BATCHES = "        for step, (images, labels, index) in enumerate(train_loader):\n"
 LR_EACH_STEP = ("            for group in optimizer.param_groups:  # Horovod: scaled learning rate\n"

@@ -155,7 +155,9 @@ def collect(rec: RunRecord, found: Mapping[tuple[int, int], Path], settings: Set
         for (_, e), c in ({} if nothing else loaded).items():
             claimed.setdefault(e, set()).update(c["indices"])
         controller = "gloo" if "--gloo" in rec.command else "mpi"  # what horovodrun was told (mpi: its default)
-        outside = observations.observe(rec.observed, claimed, controller)
+        per_epoch = by_horovod.measurements.get("horovod_gradient_rounds_per_epoch") if by_horovod else None
+        rounds = round(per_epoch * len(complete)) if isinstance(per_epoch, (int, float)) else 0
+        outside = observations.observe(rec.observed, claimed, controller, rounds, n)
     return Evidence(
         run=rec, failure=failure, source=source, found=MappingProxyType(dict(found)), complete=complete,
         loaded=MappingProxyType({} if nothing else loaded), train_root=train_root, holdout=holdout,

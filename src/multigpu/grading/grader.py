@@ -118,6 +118,7 @@ def grade(
     sandbox: str = "auto",
     hidden: Sequence[os.PathLike | str] = (),
     reuse_earlier: bool = True,
+    holdout_seed: int | None = None,
 ) -> GradeResult:
     """Grade ``script`` under ``settings`` (default :func:`rules.settings`); see the module doc.
 
@@ -126,8 +127,11 @@ def grade(
     ``sandbox``: ``"auto"`` (the sandbox where it starts, else an unsandboxed verdict that says
     so), ``"required"`` (raise :class:`SandboxUnavailable` instead: certificates) or ``"off"``.
     ``hidden``: more folders the submission must not see (other submissions, results).
-    ``reuse_earlier``: a learner's own check (``sandbox`` not "required", nothing ``hidden``) takes
-    the session's earlier grading of the same bytes where :mod:`multigpu.grading.reuse` keeps them.
+    ``reuse_earlier``: a learner's own check (``sandbox`` not "required", nothing ``hidden``, no
+    ``holdout_seed``) takes the session's earlier grading of the same bytes where
+    :mod:`multigpu.grading.reuse` keeps them.
+    ``holdout_seed``: the held-out set's seed (a regrade's recorded one); by default a fresh secret
+    one, returned in the result's ``holdout_seed`` and never saved with it.
     """
     settings = settings or rules.settings()
     log = log or (lambda _msg: None)
@@ -141,21 +145,23 @@ def grade(
         return all_fail(name, settings, problem, **(audit.identity(script_path.read_bytes())
                                                     if script_path.is_file() else {}))
     raw = script_path.read_bytes()  # graded, hashed and kept: the same bytes
-    if reuse_earlier and sandbox != "required" and not hidden:
+    if reuse_earlier and sandbox != "required" and not hidden and holdout_seed is None:
         earlier = reuse.earlier(raw, settings, args, sandboxed=not unsandboxed)
         if earlier is not None:
             log(f"(the grading of these same bytes earlier in this session, reused: {reuse.ENV})")
             return dataclasses.replace(earlier, script=name)
     measurements = machine_measurements(settings, unsandboxed, log)
     with tempfile.TemporaryDirectory(prefix="multigpu-grade-", dir=workdir) as tmp:
-        prepared = prepare(settings, Path(tmp).resolve(), raw, unsandboxed, hidden, log)
+        prepared = prepare(settings, Path(tmp).resolve(), raw, unsandboxed, hidden, log, holdout_seed)
         rec, baselines = run_with_baselines(prepared, settings, script_path.name, args, echo, log)
         measurements["run_s"] = round(rec.wall_s, 2)
         measurements["baselines"] = [round(b, 2) for b in baselines if b]
         source = raw.decode("utf-8", errors="replace")
         criteria, evidence = judged(rec, find_checkpoints(prepared.checkpoints), settings, prepared.train_root,
                                     prepared.holdout, measurements, log, source, timeline_path=prepared.timeline)
-    result = GradeResult(name, settings, criteria, measurements, sandboxed=rec.sandboxed, **audit.identity(raw))
+    result = GradeResult(name, settings, criteria, measurements, sandboxed=rec.sandboxed, **audit.identity(raw),
+                         holdout_seed=prepared.holdout_seed,
+                         holdout_seed_sha256=audit.seed_digest(prepared.holdout_seed))
     result.review = review.record([*review.flags(source), *observations.flags(evidence.observed)], result.passed)
     reuse.keep(result, raw, settings, args)
     return result

@@ -1,7 +1,8 @@
 """Honest conversions a learner may write, as edits of the reference (:mod:`multigpu.grading.variants`
 writes them): other hyperparameters, other ways to scale the rate, other ways to write the same
-conversion. They make the review's vocabulary (:mod:`multigpu.grading.vocabulary`), none raises a
-review flag (tests/test_review.py) and none is flagged by what the grader sees of its run.
+conversion. None raises a review flag (tests/test_review.py; the review flags capabilities,
+:mod:`multigpu.grading.review_rules`, and so do conversions written independently:
+``tests/fixtures/corpus``) and none is flagged by what the grader sees of its run.
 
 :data:`CACHED` is honest too: each rank keeps the images it decoded in memory, so in later epochs
 the grader sees only the files new to a rank's reshuffled shard opened (about half of it with 2

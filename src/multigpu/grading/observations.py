@@ -13,6 +13,11 @@ Two observers watch every submission's run (:func:`multigpu.grading.runs.run_sub
   that talk over connections Horovod's controller did not open (:func:`connections.extra_links`)
   moved something outside Horovod: the pass is HELD for review with the connections (kind
   ``network``).
+- :mod:`~multigpu.grading.workprobe`: the batches the run's data loaders yielded and which of them
+  reached a backward pass, counted in its processes before its own code ran. More images claimed
+  as trained than reached a backward pass (beyond :data:`workprobe.TOLERANCE`), or no count at
+  all: the pass is HELD for review with the figures, per round of gradient all-reduces too (kind
+  ``work``).
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from multigpu.grading import connections, reads
+from multigpu.grading import connections, reads, workprobe
 from multigpu.grading.connections import Link, Talk
 from multigpu.grading.reads import EpochReads, ReadLog
 from multigpu.grading.review import Flag
+from multigpu.grading.workprobe import WorkLog
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,13 @@ class Observed:
     foreign: tuple[Link, ...] | None
     #: the controller the grader launched the run with ("mpi" or "gloo")
     controller: str
+    #: the probe's counts of batches and backward passes (None: not counted)
+    work: WorkLog | None = None
+    #: images the ranks claimed over the complete epochs (distinct per epoch, summed)
+    claimed: int = 0
+    #: complete rounds of gradient all-reduces in Horovod's timeline while the run trained
+    rounds: int = 0
+    workers: int = 1
 
     def never_read(self) -> list[EpochReads]:
         """The epochs with claimed samples whose files were never opened (nothing when the log
@@ -56,14 +69,27 @@ class Observed:
             out["reads_lost"] = self.reads_lost or None
         if self.foreign is not None:
             out["foreign_connections"] = [x.describe() for x in self.foreign]
+        if self.work is not None:
+            out["work"] = {"claimed": self.claimed, "trained": self.work.trained, "processes": len(self.work.records),
+                           "loader_batches": {str(k): v for k, v in self.work.batch_sizes().most_common(5)},
+                           **self.per_round()}
         return out
 
+    def per_round(self) -> dict[str, float]:
+        """Images per worker and round of gradient all-reduces: claimed, and that reached a backward pass."""
+        if not self.rounds or self.work is None:
+            return {}
+        per = self.rounds * self.workers
+        return {"claimed_per_round": round(self.claimed / per, 1), "trained_per_round": round(self.work.trained / per, 1)}
 
-def observe(observed: Mapping[str, Any], claimed: Mapping[int, set[int]], controller: str) -> Observed:
+
+def observe(observed: Mapping[str, Any], claimed: Mapping[int, set[int]], controller: str, rounds: int = 0,
+            workers: int = 1) -> Observed:
     """:class:`Observed` from a run record's ``observed`` (the runner's observers: ``"reads"``, a
-    :class:`reads.ReadLog`, and ``"talk"``, a :class:`connections.Talk`) and the samples the ranks
-    claimed per complete epoch (``claimed``: epoch -> the union of their indices)."""
-    log, talk = observed.get("reads"), observed.get("talk")
+    :class:`reads.ReadLog`, ``"talk"``, a :class:`connections.Talk`, and ``"work"``, a
+    :class:`workprobe.WorkLog`), the samples the ranks claimed per complete epoch (``claimed``:
+    epoch -> the union of their indices) and the run's ``rounds`` of gradient all-reduces."""
+    log, talk, work = observed.get("reads"), observed.get("talk"), observed.get("work")
     per_epoch = None
     lost = ""
     if isinstance(log, ReadLog):
@@ -71,7 +97,8 @@ def observe(observed: Mapping[str, Any], claimed: Mapping[int, set[int]], contro
         unseen = sorted(set(claimed) - {r.epoch for r in per_epoch})
         lost = log.lost or (f"the arrival of the checkpoints of epoch(s) {unseen} was not seen" if unseen else "")
     foreign = tuple(connections.extra_links(talk, controller)) if isinstance(talk, Talk) else None
-    return Observed(per_epoch, lost, foreign, controller)
+    return Observed(per_epoch, lost, foreign, controller, work if isinstance(work, WorkLog) else None,
+                    sum(len(s) for s in claimed.values()), rounds, workers)
 
 
 def seen_images(observed: Observed | None, claimed: Mapping[int, int]) -> dict[int, int]:
@@ -113,4 +140,26 @@ def flags(observed: Observed | None) -> list[Flag]:
                           f"the ranks held {len(observed.foreign)} TCP connection(s) Horovod did not open (over "
                           f"{observed.controller.upper()} Horovod opens {opened}): they moved something outside "
                           "Horovod"))
-    return found
+    return found + work_flags(observed)
+
+
+def work_flags(observed: Observed) -> list[Flag]:
+    """The ``work`` flag: images claimed as trained beyond those the probe saw reach a backward pass."""
+    work = observed.work
+    if work is None or not observed.claimed:
+        return []
+    sizes = ", ".join(f"{n} x {k}" for k, n in work.batch_sizes().most_common(3)) or "none"
+    per = observed.per_round()
+    rounds = (f"; per worker and round of gradient all-reduces: {per['claimed_per_round']} claimed, "
+              f"{per['trained_per_round']} trained") if per else ""
+    figures = (f"claimed {observed.claimed} images as trained, {work.trained} reached a backward pass "
+               f"({len(work.records)} process record(s); loader batches {sizes}{rounds})")
+    if work.lost:
+        return [Flag("work", 0, figures, f"{work.lost}: the work per step cannot be confirmed")]
+    if observed.claimed > work.trained * (1 + workprobe.TOLERANCE):
+        why = ("no batch drawn from a torch DataLoader reached a backward pass, so the grader cannot confirm the "
+               "images trained per step" if not work.trained else
+               f"{observed.claimed - work.trained} of the images the ranks claimed as trained got no backward pass "
+               "(run forward only, or never drawn from a DataLoader): counted as trained on the run's word")
+        return [Flag("work", 0, figures, why)]
+    return []

@@ -10,7 +10,9 @@ learner could add cells to, and:
    or write (the sandbox hides every ``grading/`` folder), the one file ``make certificates``
    reads. It is the audit trail (:mod:`multigpu.grading.audit`): the exact graded source is kept
    beside it (``<student>.train.py``, its SHA-256 in ``source_sha256``), with the grader's
-   version, the profile and every measurement; ``multigpu regrade`` grades the copy again;
+   version, the profile and every measurement, and the held-out set's secret seed
+   (``<student>.holdout-seed``, mode 600; the result holds only its SHA-256); ``multigpu regrade``
+   grades the copy again on the same held-out set;
 2. sets the assessment's graded cells in the gradebook (nbgrader's manual score, which wins over
    the auto score) to the points of the matching criterion, so the gradebook's assessment score
    is this result whatever the learner's notebook printed or did in its kernel.
@@ -93,6 +95,8 @@ def grade_and_keep(script: Path, name: str, settings: rules.Settings, result_fil
     result_file.parent.mkdir(parents=True, exist_ok=True)
     if result.source_sha256:
         result.source_file = audit.keep_source(script, result_file, result.source_sha256)
+    if result.holdout_seed is not None:  # for a regrade; the result itself records only its hash
+        audit.keep_holdout_seed(result_file, result.holdout_seed)
     grader.save_result(result, result_file)
     return result
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.core import data, devices, layout
-from multigpu.grading import averaging, reads, rules
+from multigpu.grading import averaging, reads, rules, workprobe
 from multigpu.grading import sandbox as sb
 from multigpu.grading.result import HorovodUnavailable
 from multigpu.grading.rules import Settings
@@ -34,14 +35,29 @@ REFERENCE = layout.reference_solution(REPO)
 Log = Callable[[str], None]
 
 
-def prepare_data(settings: Settings, private: Path, progress: bool = False) -> tuple[Path, Path, Path]:
+def holdout_seed() -> int:
+    """A fresh secret seed for one grading's held-out set (:data:`rules.HOLDOUT_SEED_BITS` random
+    bits from the operating system): no source a learner can read names it, so no submission can
+    generate the images it will be judged on."""
+    return secrets.randbits(rules.HOLDOUT_SEED_BITS)
+
+
+def make_holdout(private: Path, settings: Settings, seed: int, progress: bool = False) -> Path:
+    """The grader's held-out set in its ``private`` folder: ``settings.holdout_per_class`` images per
+    class of the course's classes, drawn from ``seed`` (``<private>/holdout/val``)."""
+    return data.ensure_dataset(private / "holdout", train_per_class=0, val_per_class=settings.holdout_per_class,
+                               seed=seed, progress=progress)
+
+
+def prepare_data(settings: Settings, private: Path, seed: int, progress: bool = False) -> tuple[Path, Path, Path]:
     """``(training set, held-out set, baseline set)`` for ``settings``.
 
     The training set is generated once and cached (the sandbox shows it read-only); so is the
     smaller set the baseline measures its images/s on (the same images, fewer of them: the
     speed per image is what counts). The held-out set is generated afresh in ``private``, the
-    grader's own folder that no submission sees or writes (a few seconds; deterministic from
-    :data:`rules.HOLDOUT_SEED`), so no earlier submission can have changed it.
+    grader's own folder that no submission sees or writes (a few seconds), from the grading's
+    secret ``seed`` (:func:`holdout_seed`; a regrade passes the recorded one): no earlier
+    submission can have changed it, and no submission can make it.
     """
     train = data.ensure_dataset(train_per_class=settings.train_per_class, val_per_class=settings.val_per_class,
                                 progress=progress)
@@ -49,8 +65,7 @@ def prepare_data(settings: Settings, private: Path, progress: bool = False) -> t
     if settings.baseline_per_class and settings.baseline_per_class != settings.train_per_class:
         baseline = data.ensure_dataset(train_per_class=settings.baseline_per_class, val_per_class=settings.val_per_class,
                                        progress=progress)
-    holdout = data.ensure_dataset(private / "holdout", train_per_class=0, val_per_class=settings.holdout_per_class,
-                                  seed=rules.HOLDOUT_SEED, progress=progress)
+    holdout = make_holdout(private, settings, seed, progress)
     for shared in {train, baseline}:  # read in the sandbox by its account (a cache made 700 earlier: opened)
         if shared.stat().st_uid == os.geteuid():
             shared.chmod(shared.stat().st_mode | 0o055)
@@ -150,23 +165,34 @@ class Prepared:
     submission: Path
     checkpoints: Path
     timeline: Path
+    #: the held-out set's secret seed: never in the sandbox, never in a result (its hash is)
+    holdout_seed: int
+    #: the folder of the work probe's sitecustomize (readable in the sandbox) and of its records
+    #: (in the submission's folder, under a name drawn for this grading)
+    work_probe: Path
+    work_records: Path
 
 
 def prepare(settings: Settings, work: Path, raw: bytes, unsandboxed: str, hidden: Sequence[os.PathLike | str],
-            log: Log) -> Prepared:
+            log: Log, seed: int | None = None) -> Prepared:
     """Data, sandbox rules and Horovod's check for a grading in the folder ``work``, and the
     submission's bytes ``raw`` written to its scratch copy (the script runs from a copy of what
-    was hashed). Raises :class:`HorovodUnavailable` where Horovod does not work."""
+    was hashed). The held-out set comes from ``seed``, a fresh secret one by default
+    (:func:`holdout_seed`). Raises :class:`HorovodUnavailable` where Horovod does not work."""
     private = work / "grader"  # the held-out set: never bound into a sandbox
     log("preparing the data (the training set and the grader's own held-out set)")
-    cached, holdout, baseline_root = prepare_data(settings, private)
+    seed = holdout_seed() if seed is None else seed
+    cached, holdout, baseline_root = prepare_data(settings, private, seed)
     train_root = reads.private_view(cached, work / "data" / cached.name)
-    rules_ = None if unsandboxed else sandbox_rules(train_root, [private, *hidden], [baseline_root])
+    probe = workprobe.sitecustomize(work / "probe")
+    rules_ = None if unsandboxed else sandbox_rules(train_root, [private, *hidden], [baseline_root, probe])
     broken = horovod_unavailable(rules_)
     if broken:
         raise HorovodUnavailable(f"cannot grade: {broken}. No submission was graded.")
     submission = work / "submission"
     submission.mkdir()
     (submission / "train.py").write_bytes(raw)
+    records = submission / f"work-{secrets.token_hex(8)}"
+    records.mkdir()
     return Prepared(work, train_root, holdout, baseline_root, rules_, submission, submission / "checkpoints",
-                    averaging.timeline_file(submission))
+                    averaging.timeline_file(submission), seed, probe, records)

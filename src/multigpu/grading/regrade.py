@@ -3,7 +3,9 @@
     multigpu regrade grading/results/alice.json
 
 The result keeps the exact bytes it graded, checked against their SHA-256
-(:func:`multigpu.grading.audit.stored_source`); the settings stored with it are the profile.
+(:func:`multigpu.grading.audit.stored_source`); the settings stored with it are the profile; the
+held-out set is made again from the seed kept beside it (:func:`multigpu.grading.audit.stored_holdout_seed`,
+checked against the result's ``holdout_seed_sha256``; a fresh one where none was kept).
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ def regrade(result_file: str | os.PathLike, *, log: Callable[[str], None] | None
     result_file = Path(result_file).resolve()
     stored = json.loads(result_file.read_text())
     copy = audit.stored_source(result_file, stored)
+    seed = audit.stored_holdout_seed(result_file, stored)
     settings = rules.Settings(**stored["settings"])
     result = grader.grade(copy, settings, sandbox="required" if stored.get("sandboxed") else "auto",
-                          hidden=(result_file.parent, *hidden), log=log, reuse_earlier=False)
+                          hidden=(result_file.parent, *hidden), log=log, reuse_earlier=False, holdout_seed=seed)
     result.script = stored.get("script", result.script)
     before, after = verdict(stored), verdict(result.to_dict())
     differences = [f"{key}: {before[key]} then {after[key]}" for key in ("passed", "held") if before[key] != after[key]]

@@ -46,6 +46,12 @@ class GradeResult:
     review: dict[str, Any] = field(default_factory=lambda: review.record([], False))
     #: the kept copy of the graded source, next to the saved result (official results: :func:`audit.keep_source`)
     source_file: str = ""
+    #: SHA-256 of the held-out set's secret seed (:func:`audit.seed_digest`): the result commits to
+    #: the seed without telling it
+    holdout_seed_sha256: str = ""
+    #: the secret seed itself: never saved with the result (:meth:`to_dict`); an official grading
+    #: keeps it in the grader's private folder for a regrade (:func:`audit.keep_holdout_seed`)
+    holdout_seed: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def score(self) -> int:
@@ -106,6 +112,7 @@ class GradeResult:
             "grader_version": self.grader_version,
             "review": self.review,
             "source_file": self.source_file,
+            "holdout_seed_sha256": self.holdout_seed_sha256,
         }
 
 

@@ -2,33 +2,47 @@
 
 No check inside a run can prove that what a submission all-reduced were its gradients, or that
 Horovod, not the submission, wrote Horovod's timeline. So the grader reads each submitted source
-(Python's :mod:`ast`; nothing is run) against what it KNOWS a conversion does, and flags the rest
-with the line and why; a flagged pass is HELD for review: no certificate until the instructor
-approves it (``multigpu review``). What the grader saw from outside the run adds flags of its
-own (:mod:`multigpu.grading.observations`, line 0: "the run").
+(Python's :mod:`ast`; nothing is run) for CAPABILITIES: what could let the run's records differ from
+its work, or reach outside the run (:mod:`multigpu.grading.review_rules`,
+:mod:`multigpu.grading.capabilities`). A flagged pass is HELD for review: no certificate until the
+instructor approves it (``multigpu review``). Style is never flagged: helper functions and classes,
+logging, timing, type hints, the pure standard library are a learner's own business. What the
+grader saw from outside the run adds flags of its own (:mod:`multigpu.grading.observations`, line 0:
+"the run").
 
-==============  ===================================================================================
-flag            what in the source (:mod:`multigpu.grading.review_rules`)
-==============  ===================================================================================
-``import``      an import no known conversion makes
-``call``        a call, method, module member used as a value, or method defined in a class that is
-                not in the vocabulary (:func:`multigpu.grading.vocabulary.known`: the starter, the
-                reference, the honest variants, Horovod's documented training API, pure builtins)
-``dynamic``     access that hides what it reaches, anywhere: ``vars``, ``globals``, ``getattr``/
-                ``setattr`` of anything, ``__dict__`` and other dunder attributes, ``sys.modules``,
-                a call through a subscript, a dict, a call's result, a lambda or a variable that
-                holds a function, a function of the script used as a value, a module's attribute
-                assigned, a name built from string pieces
-``collective``  a known collective used where a conversion does not: on tensors that are not the
-                optimizer's gradients (``zeros_like``, ``.grad``, ``.parameters()``, a loop over
-                them), grouped, or a weight broadcast in a loop or in a function a loop reaches
-``timeline``    the Horovod timeline (the grader's evidence) named in a string or a name
-``stall``       a ``while`` loop in the training loop, or a loop that does nothing
-``reads``       (the run) samples served from memory, or reads the grader could not watch
-``network``     (the run) connections between ranks that Horovod did not open
-==============  ===================================================================================
+The kinds (:data:`KINDS`; docs/calibration.md has the rules behind each, and the honest corpus
+they were checked against):
 
-The reference solution, the starter and every honest variant raise no flag (tested).
+===============  ==================================================================================
+flag             what in the source
+===============  ==================================================================================
+``channel``      another channel between processes: sockets, shared memory, pipes, ``multiprocessing``,
+                 ``torch.distributed``, a file written outside the checkpoint folder, or read back from it
+``process``      a process or thread started
+``dynamic``      access that hides what it reaches: ``getattr`` of a computed name, ``vars`` (but of
+                 the parsed options), ``__dict__`` and the interpreter's other own attributes,
+                 ``importlib``, ``exec``, ``eval``, ``compile``, frames, a module held in a variable
+``native``       ``ctypes`` and other native code
+``signal``       signals
+``environment``  the process's environment changed (``os.environ`` written, ``chdir``, ...)
+``load``         code or objects loaded from files (``torch.load``, ``pickle``, ``sys.path``)
+``import``       a module outside the standard library and the course's environment
+``horovod``      Horovod outside its training API
+``collective``   a collective out of place: on tensors made like the model's, grouped, handed on,
+                 or a weight broadcast in a loop or in a function a loop reaches
+``gradients``    gradients changed after the all-reduce (``.grad`` written, gradient hooks, the
+                 ``synchronize`` window), or part of the loss cut off from the graph
+``steps``        a step outside the DistributedOptimizer's: an unwrapped optimizer stepped, the
+                 model's parameters written or its weights loaded in the training loop
+``timeline``     Horovod's timeline (the grader's evidence) named in a string or a name
+``holdout``      the course's data generator called with a seed (how the held-out set is made)
+``reads``        (the run) samples served from memory, or reads the grader could not watch
+``network``      (the run) connections between ranks that Horovod did not open
+``work``         (the run) images claimed as trained that the grader saw no backward pass for
+===============  ==================================================================================
+
+The reference solution, the starter, every honest variant and every conversion of the honest
+corpus (``tests/fixtures/corpus``) raise no flag (tested).
 """
 
 from __future__ import annotations
@@ -40,14 +54,23 @@ from typing import Any
 
 #: flag kind -> what it means, in one line (the review listing shows it).
 KINDS: dict[str, str] = {
-    "import": "an import no known conversion makes",
-    "call": "a call outside the vocabulary of known conversions",
+    "channel": "another channel between processes (network, shared memory, files outside the checkpoint folder)",
+    "process": "a process or thread started",
     "dynamic": "code that hides what it reaches",
+    "native": "native code the review cannot read",
+    "signal": "signals",
+    "environment": "the process's environment changed",
+    "load": "code or objects loaded from files",
+    "import": "a module outside the standard library and the course's environment",
+    "horovod": "Horovod outside its training API",
     "collective": "a collective used where a conversion does not use one",
+    "gradients": "gradients changed after the all-reduce, or cut off before it",
+    "steps": "a step outside the DistributedOptimizer's",
     "timeline": "Horovod's timeline (the grader's evidence) named or handled by the script",
-    "stall": "a busy loop in the training loop",
+    "holdout": "the course's data generator called with a seed of the script's own",
     "reads": "(the run) training samples the grader did not see read in their epoch",
     "network": "(the run) connections between ranks that Horovod did not open",
+    "work": "(the run) images claimed as trained that reached no backward pass",
 }
 
 
@@ -64,7 +87,7 @@ class Flag:
 
 def flags(source: str) -> list[Flag]:
     """The review flags of ``source``, by line (empty for a script that does not parse: it fails anyway)."""
-    from multigpu.grading import review_rules, vocabulary
+    from multigpu.grading import review_rules
 
     try:
         tree = ast.parse(source)
@@ -72,7 +95,7 @@ def flags(source: str) -> list[Flag]:
         return []
     lines = source.splitlines()
     found: dict[tuple[str, int], Flag] = {}
-    for kind, node, why in review_rules.findings(tree, vocabulary.known()):
+    for kind, node, why in review_rules.findings(tree):
         line = getattr(node, "lineno", 0)
         code = lines[line - 1].strip()[:200] if 0 < line <= len(lines) else ""
         found.setdefault((kind, line), Flag(kind, line, code, why))

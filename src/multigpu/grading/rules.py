@@ -63,8 +63,9 @@ from typing import Any
 WORKERS = 4
 #: Consecutive epochs the accuracy must stay at or above A.
 EPOCHS_HELD = 2
-#: Seed of the grader's own held-out set (the course's data set uses seed 0 for train and val).
-HOLDOUT_SEED = 7919
+#: Bits of the secret seed drawn for each grading's held-out set (:func:`multigpu.grading.preparation.holdout_seed`;
+#: the course's data set uses seed 0 for train and val). Nothing in the source a learner reads fixes it.
+HOLDOUT_SEED_BITS = 128
 #: Where ``multigpu grade --save`` writes a learner's own copy of a result (next to the script);
 #: certificates never read it: they read the official result in grading/results/.
 RESULT_FILE = "grading-result.json"
@@ -114,7 +115,7 @@ class Settings:
     efficiency: float  # E: aggregate throughput >= E x ideal
     train_per_class: int  # size of the training set the grader gives the script
     val_per_class: int  # its validation split (the script's own, the grader ignores it)
-    holdout_per_class: int  # the grader's held-out set, generated with HOLDOUT_SEED
+    holdout_per_class: int  # the grader's held-out set, generated with a secret seed drawn per grading
     baseline_repeats: int = 2  # single-worker runs of the starter, alternately before and after
     baseline_epochs: int = 2  # epochs of each baseline run (the first is warm-up, not timed)
     #: training images per class of the baseline's data set (same images, fewer: images/s is what
@@ -143,7 +144,7 @@ class Settings:
             f"Grading profile '{self.profile}'" + ("" if self.measured else " (UNMEASURED: estimated, not calibrated)"),
             f"  workers     : exactly {self.workers}, launched by the grader with horovodrun, your script's defaults",
             f"  accuracy    : A = {self.accuracy:.0%} on the grader's held-out set "
-            f"({self.holdout_per_class} images per class, its own seed), reached and held for "
+            f"({self.holdout_per_class} images per class, a secret seed drawn for each grading), reached and held for "
             f"{self.epochs_held} consecutive epochs",
             f"  time budget : T = {self.time_budget_s:.0f} s for the whole run (it is stopped after that)",
             f"  throughput  : E = {self.efficiency:.2f} x ideal, ideal = min({self.workers}, cores or GPUs) x "

@@ -5,10 +5,11 @@ why a run did not end cleanly (:func:`run_failure`) and a run's images/s by the 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
-from multigpu.core import data
-from multigpu.grading import connections, reads, runner
+from multigpu.core import data, layout
+from multigpu.grading import connections, reads, runner, workprobe
 from multigpu.grading.preparation import Prepared, mode_env
 from multigpu.grading.rules import Settings
 from multigpu.running.launch import worker_errors
@@ -20,16 +21,21 @@ def run_submission(prepared: Prepared, settings: Settings, args: Sequence[str] =
     told where to write its checkpoints and Horovod's timeline (Horovod's own account of the run:
     rank 0 records every collective), watched from outside: the training files it opens
     (:class:`reads.ReadWatch`, observed as ``"reads"``) and the connections between its processes
-    (:class:`connections.TalkWatch`, ``"talk"``)."""
+    (:class:`connections.TalkWatch`, ``"talk"``); its batches and backward passes counted by the
+    grader's probe in its processes (:mod:`workprobe`, ``"work"``)."""
     ckpt = prepared.checkpoints
     samples = [path for path, _ in data.JPEGFolder(prepared.train_root, None, split="train").samples]
     observers: dict[str, runner.Observer] = {"reads": reads.ReadWatch(prepared.train_root / "train", samples, ckpt),
-                                             "talk": connections.TalkWatch()}
+                                             "talk": connections.TalkWatch(),
+                                             "work": workprobe.WorkWatch(prepared.work_records)}
+    # the probe first on the path (its sitecustomize), then the package, as sandbox.environment has it
+    python_path = f"{prepared.work_probe}{os.pathsep}{layout.IMPORT_ROOT}"
     return runner.run_untrusted(prepared.submission / "train.py", prepared.submission, workers=settings.workers,
                                 timeout=settings.time_budget_s, max_output_bytes=settings.max_output_bytes,
                                 max_memory_bytes=settings.max_memory_bytes, args=args, echo=echo, checkpoint_dir=ckpt,
                                 env={"MULTIGPU_ASSESSMENT_DATA": str(prepared.train_root),
                                      "MULTIGPU_CHECKPOINT_DIR": str(ckpt), "HOROVOD_TIMELINE": str(prepared.timeline),
+                                     workprobe.RECORDS_VAR: str(prepared.work_records), "PYTHONPATH": python_path,
                                      **mode_env(settings)},
                                 sandbox=prepared.sandbox, stop_if=lone_rank0(settings.workers), observers=observers)
 

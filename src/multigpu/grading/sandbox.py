@@ -18,9 +18,15 @@ What a submission sees inside (:func:`command`):
   submission runs as :data:`SANDBOX_USER` (``$MULTIGPU_SANDBOX_USER``) with no capability, so it
   reads only what every account may read (not ``/etc/shadow``, not a signing key kept outside
   HOME); ``/run`` (root's sockets) and the course checkout's ``solutions/`` are hidden as well.
+  Python, the venv and the package stay reachable for that account wherever they live: a folder on
+  the way to them that it may not enter (pyenv under root's 700 HOME, HOME set elsewhere) is
+  covered like a hidden one, and what they need is bound back through folders made open
+  (:func:`closed_on_the_way`).
 
 The time, output and memory bounds are the runner's (:mod:`multigpu.grading.runner`).
-:func:`unavailable` says why the sandbox cannot start on this machine (None when it can);
+:func:`unavailable` says why the sandbox cannot start on this machine (None when it can), with
+the cause it found: namespaces refused (:func:`namespaces_refused`) or Python out of the
+account's reach (:func:`python_unreachable`);
 ``multigpu grade`` then still gives a verdict, marked unsandboxed, and certificates are refused.
 """
 
@@ -31,6 +37,7 @@ import glob
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -95,22 +102,91 @@ def unavailable() -> str | None:
     if os.geteuid() == 0 and not shutil.which("setpriv"):
         return "setpriv (util-linux) is not installed: as root, the sandbox needs it to drop to an unprivileged account"
     try:
-        run_as()
+        account = run_as()
     except KeyError as e:
         return f"the sandbox's account {e} does not exist: create it or set MULTIGPU_SANDBOX_USER"
-    # the very command a grading uses (Python from the venv, wherever the course lives)
-    probe = command([sys.executable, "-c", "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print('ok')"],
-                    workdir=Path("/"), writable=False)
-    try:
-        out = subprocess.run(probe, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"bubblewrap did not start: {e}"
-    if out.returncode != 0 or out.stdout.strip() != "ok":
-        why = (out.stderr or out.stdout).strip().splitlines()
-        return ("bubblewrap cannot create its namespaces here (" + (why[-1] if why else f"exit {out.returncode}")
-                + "): allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) "
-                "or grade as root")
+    # first the namespaces alone, then the very command a grading uses (Python from the venv,
+    # wherever the course lives): each failure has its own cause and fix
+    empty = _probe(command([shutil.which("true") or "/bin/true"], workdir=Path("/"), writable=False), "")
+    if empty is not None:
+        return namespaces_refused(empty, account)
+    socket = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print('ok')"
+    python = _probe(command([sys.executable, "-c", socket], workdir=Path("/"), writable=False), "ok")
+    if python is not None:
+        return python_unreachable(python, account)
     return None
+
+
+def _probe(argv: list[str], expected: str) -> str | None:
+    """None when ``argv`` exits 0 printing ``expected``; otherwise the last line it wrote."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    if out.returncode == 0 and out.stdout.strip() == expected:
+        return None
+    why = (out.stderr or out.stdout).strip().splitlines()
+    return why[-1] if why else f"exit {out.returncode}"
+
+
+def namespaces_refused(why: str, account: pwd.struct_passwd | None) -> str:
+    """The cause and fix when bubblewrap cannot start even an empty command."""
+    if account is None:
+        return (f"bubblewrap cannot create its namespaces here ({why}): allow unprivileged user namespaces "
+                "(sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 also "
+                "kernel.apparmor_restrict_unprivileged_userns=0) or grade as root")
+    return (f"bubblewrap cannot create its namespaces here, even as root ({why}): the container or the kernel "
+            "refuses mount and PID namespaces; run the grader where they are allowed (a container with "
+            "CAP_SYS_ADMIN and a seccomp profile that permits unshare, or the host)")
+
+
+def python_unreachable(why: str, account: pwd.struct_passwd | None) -> str:
+    """The cause and fix when the sandbox starts but Python does not run in it."""
+    who = f"the sandbox's account ({account.pw_name})" if account else "the sandbox"
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    # the folders above these are covered and opened (closed_on_the_way): what is left is inside
+    for path in runtime_paths():
+        for p in (path, path / "bin", path / "lib", path / "lib" / version, path / "lib" / version / "site-packages"):
+            if account is not None and p.is_dir() and not readable_by(p, account):
+                return (f"{who} cannot run Python ({why}): it may not read {p} "
+                        f"(mode {stat.S_IMODE(p.stat().st_mode):o}, owner uid {p.stat().st_uid}); make Python, the venv "
+                        f"and the course readable for it (chmod -R o+rX {p}) or set MULTIGPU_SANDBOX_USER to an "
+                        "account that may read them")
+    return (f"{who} cannot run Python ({why}): check that {sys.executable} runs from a clean environment "
+            f"(env -i {sys.executable} -c 'import socket')")
+
+
+def runtime_paths() -> list[Path]:
+    """What a sandboxed run needs besides what the caller makes readable: Python, the venv, the package."""
+    return [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), layout.IMPORT_ROOT]
+
+
+def traversable(folder: Path, account: pwd.struct_passwd) -> bool:
+    """Whether ``account`` (with its own group only: the sandbox clears the others) may enter ``folder``."""
+    st = folder.stat()
+    if st.st_uid == account.pw_uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid == account.pw_gid:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def readable_by(folder: Path, account: pwd.struct_passwd) -> bool:
+    """Whether ``account`` may list and enter ``folder``."""
+    st = folder.stat()
+    bits = (stat.S_IRUSR | stat.S_IXUSR if st.st_uid == account.pw_uid else
+            stat.S_IRGRP | stat.S_IXGRP if st.st_gid == account.pw_gid else stat.S_IROTH | stat.S_IXOTH)
+    return st.st_mode & bits == bits
+
+
+def closed_on_the_way(paths: Iterable[Path], account: pwd.struct_passwd | None) -> list[Path]:
+    """The folders above ``paths`` that ``account`` may not enter (pyenv's Python under root's 700
+    HOME, a venv under a private folder): the sandbox covers each and binds back what lies below
+    through folders it makes open (none when the command runs as the caller, who reached them)."""
+    if account is None:
+        return []
+    closed = {p for path in paths for p in path.parents if p.is_dir() and not traversable(p, account)}
+    return sorted(closed)
 
 
 def _cover(h: Path) -> list[str]:
@@ -154,10 +230,10 @@ def command(
     workdir = Path(workdir).resolve()
     account = run_as(user)
     hide = [*always_hidden(), *(Path(h).resolve() for h in hidden)]
-    # what the submission needs to run, even where it lies under a hidden folder (pyenv in ~, the
-    # course and its venv checked out in ~ or in /tmp): Python, the venv, the package
-    needed = [Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), layout.IMPORT_ROOT]
-    needed += [Path(p).resolve() for p in readable]
+    # what the submission needs to run (Python, the venv, the package), even under a hidden folder or
+    # one the account may not enter (pyenv in ~, a course in /tmp): covered, then bound back
+    needed = [*runtime_paths(), *(Path(p).resolve() for p in readable)]
+    hide += closed_on_the_way([*needed, workdir], account)
     args = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/dev/shm"]
     # GPU mode: the new /dev has no GPU; bind the NVIDIA device nodes back (written without a
     # GPU to test on: the gpu profile is marked UNMEASURED until someone grades on one)

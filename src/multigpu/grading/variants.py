@@ -82,9 +82,10 @@ rates, square-root scaling, warm-ups, epochs, Adam, fp16 compression, averaged m
 a decorator, a resumable start. Review never flags them. ``cached_decoded`` (:data:`CACHED`) keeps
 the decoded data set in memory: honest, and held for review with what the grader saw read.
 
-Three kinds of cheating that only facts from outside the run catch, each with two disguises
-(:mod:`multigpu.grading.disguises`: ``hidden_ddp``, ``short_epochs``, ``local_steps`` and their
-disguises) are in :data:`MUST_FAIL` too: ``sharded`` for a claim the reads contradict, "review"
+Three kinds of cheating that only facts from outside the run catch, each with two disguises,
+and a fourth, images counted as trained that got no gradient (:mod:`multigpu.grading.disguises`:
+``hidden_ddp``, ``short_epochs``, ``local_steps`` and their disguises, ``every_third_forward_only``,
+``half_detached``) are in :data:`MUST_FAIL` too: ``sharded`` for a claim the reads contradict, "review"
 for a pass that must be held (:data:`disguises.CAUGHT_BY` names the flag).
 
 Failure cases (:data:`FAILURE_CASES`: no cheats; the grader must survive them and fail
