@@ -207,6 +207,16 @@ def remove_service_user(login: str = layout.GRADER_USER) -> None:
         _run(["userdel", login])
 
 
+def write_sheet(path: Path, rows: list[tuple[str, str]]) -> Path:
+    """``login,password`` rows in ``path``, made root's alone (mode 600) before anything is in it."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("login,password\n" + "".join(f"{a},{b}\n" for a, b in rows))
+    return path
+
+
 def sheet(rows: list[tuple[str, str]], url: str) -> str:
     """The printable sheet of logins and one-time passwords."""
     width = max([len("login"), *(len(r[0]) for r in rows)])

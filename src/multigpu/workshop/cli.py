@@ -50,7 +50,7 @@ def setup(instructor: str) -> int:
     accounts.ensure_group(layout.LEARNERS_GROUP)
     if not accounts.exists(instructor):
         secret = accounts.create(instructor, layout.INSTRUCTORS_GROUP)
-        sheet = write_sheet(hub.instructor_sheet, [(instructor, secret)])
+        sheet = accounts.write_sheet(hub.instructor_sheet, [(instructor, secret)])
         print(f"instructor account {instructor} created: its one-time password is in {sheet} (root only; "
               "never printed, so no log keeps it)")
     elif instructor not in accounts.members(layout.INSTRUCTORS_GROUP):
@@ -73,30 +73,15 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    """Release an assignment from a terminal: what the formgrader's Generate and Release buttons
-    run, as the instructor, in the hub's course."""
-    import pwd
-    import subprocess
-
-    from multigpu.workshop import hubconfig
+    """Release an assignment from a terminal, as the instructor (``course.release``)."""
+    from multigpu.workshop import course, hubconfig
 
     hub = Hub.default()
-    instructor = args.instructor or hubconfig.instructors()[0]
     try:
-        pw = pwd.getpwnam(instructor)
-    except KeyError:
-        print(f"error: no account {instructor!r}: make hub creates the instructor's", file=sys.stderr)
+        course.release(hub, args.assignment, args.instructor or hubconfig.instructors()[0])
+    except (KeyError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
-    nbgrader = str(Path(sys.executable).parent / "nbgrader")
-    env = {"HOME": pw.pw_dir, "USER": instructor, "PATH": os.pathsep.join([str(Path(sys.executable).parent),
-                                                                           accounts.SYSTEM_PATH])}
-    for step in (["generate_assignment", args.assignment, "--force"], ["release_assignment", args.assignment]):
-        done = subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--",
-                               nbgrader, *step], cwd=hub.course, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            print(f"error: nbgrader {step[0]} {args.assignment} as {instructor} failed:\n{done.stdout}{done.stderr}",
-                  file=sys.stderr)
-            return 1
     print(f"{args.assignment} released to the exchange {hub.exchange} (learners fetch it from their Assignments tab)")
     return 0
 
@@ -143,19 +128,10 @@ def cmd_add(args: argparse.Namespace) -> int:
     text = accounts.sheet(rows, hub_url())
     print(text)
     if args.sheet:
-        write_sheet(args.sheet, rows)
+        accounts.write_sheet(args.sheet, rows)
         print(f"\nthe sheet is also in {args.sheet} (mode 600: delete it after the workshop)")
     return 0
 
-
-def write_sheet(path: Path, rows: list[tuple[str, str]]) -> Path:
-    """``login,password`` rows in ``path``, made root's alone (mode 600) before anything is in it."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write("login,password\n" + "".join(f"{a},{b}\n" for a, b in rows))
-    return path
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
@@ -335,7 +311,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     return roomsize.main(args.notebooks or sorted(labs.glob("*.ipynb")), quick=args.quick, out=args.json)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="multigpu workshop", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     for name, fn, text in (("setup", cmd_setup, "lay out the hub (folders, accounts, course)"),
@@ -390,11 +366,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="the quick parameters instead (MULTIGPU_QUICK=1)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     p.set_defaults(func=cmd_measure)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    verbs = parser()
+    args = verbs.parse_args(argv)
     if args.func is cmd_add and (args.count is None) == (args.csv is None):
-        parser.error("give a number of learners or --csv FILE (one of the two)")
+        verbs.error("give a number of learners or --csv FILE (one of the two)")
     if args.func is cmd_offboard and bool(args.names) == args.all:
-        parser.error("give learner logins or --all (one of the two)")
+        verbs.error("give learner logins or --all (one of the two)")
     return int(args.func(args) or 0)
 
 

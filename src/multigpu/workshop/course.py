@@ -160,3 +160,26 @@ def setup(hub: Hub, instructor: str = layout.INSTRUCTOR, course_root: Path | Non
     os.chmod(hub.scratch, 0o711)
     close_checkout(course_root or course_layout.course_root())
     return made
+
+
+def release(hub: Hub, assignment: str, instructor: str) -> None:
+    """What the formgrader's Generate and Release buttons run, as ``instructor``, in the hub's course
+    (``make hub-release``). Raises KeyError for an unknown account, RuntimeError with nbgrader's
+    words when a step fails."""
+    import subprocess
+    import sys
+
+    from multigpu.workshop import accounts
+
+    try:
+        pw = pwd.getpwnam(instructor)
+    except KeyError:
+        raise KeyError(f"no account {instructor!r}: make hub creates the instructor's") from None
+    nbgrader = str(Path(sys.executable).parent / "nbgrader")
+    env = {"HOME": pw.pw_dir, "USER": instructor,
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), accounts.SYSTEM_PATH])}
+    for step in (["generate_assignment", assignment, "--force"], ["release_assignment", assignment]):
+        done = subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--",
+                               nbgrader, *step], cwd=hub.course, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"nbgrader {step[0]} {assignment} as {instructor} failed:\n{done.stdout}{done.stderr}")
