@@ -1118,11 +1118,12 @@ def stop_server_of(user: str) -> None:
 
 
 def server_port(user: str) -> int:
-    """The port of ``user``'s server on the box (its namespaces' relay listens there for the proxy)."""
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "multigpu.workshop.namespaces" in cmd and cmd[cmd.index("--user") + 1] == user:
-            return int(cmd[cmd.index("--port") + 1])
+    """The port ``user``'s server listens on (on the box, the proxy reaches it there)."""
+    uid = pwd.getpwnam(user).pw_uid
+    for p in psutil.process_iter(["cmdline", "uids"]):
+        if p.info["uids"] and p.info["uids"].real == uid and \
+                any("jupyterhub-singleuser" in x for x in (p.info["cmdline"] or [])[:2]):
+            return next(c.laddr.port for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
     raise AssertionError(f"no server of {user} runs")
 
 
