@@ -1100,31 +1100,29 @@ print("done")
 """
 
 
-def namespaces_of(user: str) -> psutil.Process:
-    """The root process that holds ``user``'s server in its namespaces (the pid the spawner knows)."""
+def server_process(user: str) -> psutil.Process:
+    """``user``'s JupyterLab server (its own process, not what started it)."""
+    uid = pwd.getpwnam(user).pw_uid
     for p in psutil.process_iter(["cmdline", "uids"]):
-        cmd = p.info["cmdline"] or []
-        if "multigpu.workshop.namespaces" in cmd and cmd[cmd.index("--user") + 1] == user and p.info["uids"].real == 0:
+        if p.info["uids"] and p.info["uids"].real == uid and \
+                any("jupyterhub-singleuser" in x for x in (p.info["cmdline"] or [])[:2]):
             return p
     raise AssertionError(f"no server of {user} runs")
 
 
 def stop_server_of(user: str) -> None:
+    """Stop ``user``'s server as the hub's stop does (SIGINT, the server shuts down)."""
     import signal
 
-    proc = namespaces_of(user)
+    proc = server_process(user)
     proc.send_signal(signal.SIGINT)
     proc.wait(60)
 
 
 def server_port(user: str) -> int:
     """The port ``user``'s server listens on (on the box, the proxy reaches it there)."""
-    uid = pwd.getpwnam(user).pw_uid
-    for p in psutil.process_iter(["cmdline", "uids"]):
-        if p.info["uids"] and p.info["uids"].real == uid and \
-                any("jupyterhub-singleuser" in x for x in (p.info["cmdline"] or [])[:2]):
-            return next(c.laddr.port for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
-    raise AssertionError(f"no server of {user} runs")
+    proc = server_process(user)
+    return next(c.laddr.port for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
 
 
 def test_16_no_learner_takes_the_route_of_a_server_that_died_while_the_hub_was_down(hub):
