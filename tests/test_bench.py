@@ -187,3 +187,17 @@ def test_the_sharding_section_measures_zero_against_data_parallelism_side_by_sid
     share = figures["forward and backward / the whole step, data parallel"].samples
     assert len(share) == 3 and all(0 < x < 1 for x in share)
     assert all(math.isfinite(x) and x > 0 for f in section.figures for x in f.samples)
+
+
+@pytest.mark.slow
+def test_the_warm_section_times_fresh_and_warm_jobs_side_by_side():
+    """Each launcher's trivial job with fresh interpreters and with warm workers, interleaved, and
+    their paired ratio against its target (a goal, not a test: this only checks it is measured)."""
+    section = bench.SECTIONS["warm"](bench.QUICK, float("inf"))
+    assert section.status == "ok" and "warm" in bench.SECTION_NAMES
+    figures = {f.name: f for f in section.figures}
+    for name, _, _ in bench.warmstart.JOBS:
+        fresh, warm, ratio = (figures[f"{name}: {k}"] for k in ("fresh", "warm", "warm / fresh"))
+        assert len(fresh.samples) == len(warm.samples) == len(ratio.samples) == 3
+        assert all(x > 0 for x in fresh.samples + warm.samples)
+        assert ratio.target == bench.Target("<=", 0.5) and ratio.met is not None

@@ -113,6 +113,7 @@ from .scaling import (  # noqa: F401 - the bench's names, importable as multigpu
     bench_scaling,
 )
 from .sharding import bench_sharding  # importable as multigpu.course.bench.bench_sharding
+from .warmstart import bench_warm  # importable as multigpu.course.bench.bench_warm
 
 # --------------------------------------------------------------------------- the run
 
@@ -120,6 +121,7 @@ from .sharding import bench_sharding  # importable as multigpu.course.bench.benc
 #: figures; an exception is recorded as the section's error.
 SECTIONS: dict[str, Callable[[Plan, float], Section]] = {
     "pipeline": bench_pipeline,
+    "warm": bench_warm,
     "scaling": bench_scaling,
     "levers": bench_levers,
     "links": bench_links,

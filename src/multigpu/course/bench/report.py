@@ -20,7 +20,7 @@ from multigpu.core.notebook import progress
 V = TypeVar("V")
 
 REPO = layout.course_root()
-SECTION_NAMES: tuple[str, ...] = ("pipeline", "scaling", "levers", "links", "sharding", "course", "grading")
+SECTION_NAMES: tuple[str, ...] = ("pipeline", "warm", "scaling", "levers", "links", "sharding", "course", "grading")
 #: Learners in the workshop the grading projection is for.
 WORKSHOP_LEARNERS = 30
 #: Seconds a notebook cell may run. A longer cell already breaks the 6-minute notebook target, and
