@@ -289,3 +289,31 @@ def test_a_folder_the_account_may_not_enter_is_named_with_its_fix(tmp_path, monk
     assert f"may not read {locked / 'python'} (mode 700" in message and "chmod -R o+rX" in message, message
     assert "namespaces" not in message and "grade as root" not in message
     assert "grade as root" not in sandbox.namespaces_refused("Operation not permitted", account)
+
+
+KEYRING = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if sys.argv[1] == "leave":  # add_key("user", name, data, len, the account's user keyring)
+    print("left", libc.syscall(248, b"user", b"for-the-next-run", b"answers", 7, -4) > 0, flush=True)
+else:  # keyctl(KEYCTL_SEARCH, the user keyring, "user", name, 0)
+    print("found", libc.syscall(250, 10, -4, b"user", b"for-the-next-run", 0) > 0, flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox runs as its own account only under root")
+def test_a_run_finds_nothing_an_earlier_run_left_in_the_accounts_keyrings(tmp_path):
+    """The sandbox's account (nobody) keeps a user keyring across all its processes: a submission
+    could leave a key there for the next grading of another learner to read. Each sandboxed run
+    starts and ends with the account's keyrings emptied."""
+    results = []
+    for step in ("leave", "find"):
+        work = tmp_path / step
+        work.mkdir()
+        script = work / "train.py"
+        script.write_text(KEYRING)
+        rec = runner.run_untrusted(script, work, workers=None, timeout=60, max_output_bytes=10_000, args=[step],
+                                   sandbox={"readable": [], "hidden": []})
+        results.append(rec.tail.strip().splitlines()[-1])
+    assert results == ["left True", "found False"], results

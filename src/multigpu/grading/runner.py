@@ -237,6 +237,10 @@ def run_untrusted(
         command = [*launch.horovodrun_command(workers), *command]
     token = uuid.uuid4().hex
     argv, popen_env = _wrapped(command, workdir, env, token, sandbox)
+    if sandbox is not None:  # nothing an earlier run left in the account's keyrings is this run's to read
+        from multigpu.grading import sandbox as sb
+
+        sb.clear_keyrings()
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
     started_at = time.time()
     start = time.monotonic()
@@ -248,6 +252,8 @@ def run_untrusted(
                            wait_for_output=False)  # a daemon the script left may hold the pipe open
     _scan(ckpt, start, watch.seen)
     wall = time.monotonic() - start
+    if sandbox is not None:  # nor for another account's process to read after it
+        sb.clear_keyrings()
     record = RunRecord(command=command, returncode=proc.returncode, wall_s=wall, timed_out=job.timed_out,
                        output_exceeded=job.output_exceeded, output_bytes=job.output_bytes, tail=job.tail,
                        checkpoint_times=dict(watch.seen), epoch_times=_epoch_times(watch.seen),

@@ -68,6 +68,35 @@ def run_as(user: str | None = None) -> pwd.struct_passwd | None:
     return pwd.getpwnam(user or os.environ.get("MULTIGPU_SANDBOX_USER") or SANDBOX_USER)
 
 
+#: keyctl(2) and its arguments that empty a keyring (x86_64's system call numbers).
+SYS_KEYCTL, KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = 250, 7, -4, -5
+
+
+def clear_keyrings(user: str | None = None) -> bool:
+    """Empty the sandbox account's kernel keyrings (its user and user-session keyrings outlive
+    every process of the account: a run could leave data there for the next grading to read).
+    As root, in a child that becomes the account; whether both were emptied (False where this
+    process is not root or the kernel has no keyrings)."""
+    import ctypes
+
+    account = run_as(user)
+    if account is None or os.uname().machine != "x86_64":
+        return False
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(account.pw_gid)
+            os.setuid(account.pw_uid)
+            libc = ctypes.CDLL(None, use_errno=True)
+            ok = all(libc.syscall(SYS_KEYCTL, KEYCTL_CLEAR, ring) == 0
+                     for ring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING))
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
 def give_workdir(workdir: Path, user: str | None = None) -> None:
     """Make ``workdir`` and the folders the grader made in it before the run (the observers'
     checkpoint folder) the sandboxed account's, so the run can write its checkpoints there."""
