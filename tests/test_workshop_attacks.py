@@ -1121,8 +1121,9 @@ def stop_server_of(user: str) -> None:
 
 def server_port(user: str) -> int:
     """The port ``user``'s server listens on (on the box, the proxy reaches it there)."""
-    proc = server_process(user)
-    return next(c.laddr.port for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
+    from urllib.parse import urlparse
+
+    return int(urlparse(server_process(user).environ()["JUPYTERHUB_SERVICE_URL"]).port)
 
 
 def test_16_no_learner_takes_the_route_of_a_server_that_died_while_the_hub_was_down(hub):
