@@ -1092,9 +1092,18 @@ class Squat(http.server.BaseHTTPRequestHandler):
         self.send_response(200); self.end_headers(); self.wfile.write(b"squatted")
     def log_message(self, *a):
         pass
-s = http.server.HTTPServer(("127.0.0.1", {port}), Squat)
+import time
+deadline = time.monotonic() + {seconds}
+while True:  # as soon as the port is free (B's server gone), take it
+    try:
+        s = http.server.HTTPServer(("127.0.0.1", {port}), Squat)
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.2)
 threading.Thread(target=s.serve_forever, daemon=True).start()
-import time; time.sleep({seconds})
+time.sleep(max(0, deadline - time.monotonic()))
 s.shutdown()
 print("done")
 """
@@ -1137,7 +1146,7 @@ def test_16_no_learner_takes_the_route_of_a_server_that_died_while_the_hub_was_d
     port = server_port(b)
     squat = threading.Thread(target=in_kernel, args=(hub, a, SQUAT.format(port=port, seconds=40)), daemon=True)
     squat.start()
-    time.sleep(10)  # A listens
+    time.sleep(10)  # A's cell waits for the port
     hub.stop()
     try:
         uid = pwd.getpwnam(b).pw_uid
@@ -1145,7 +1154,7 @@ def test_16_no_learner_takes_the_route_of_a_server_that_died_while_the_hub_was_d
             if "multigpu.workshop.namespaces" in (p.info["cmdline"] or []) and b in p.info["cmdline"] \
                     or (p.info["uids"] and p.info["uids"].real == uid):
                 p.kill()
-        time.sleep(2)
+        time.sleep(4)  # A takes the port where it can
         r = learner_b.session.get(f"{hub.base}/user/{b}/api/status", timeout=30)
         assert "squatted" not in r.text, "the proxy took B's route to A's server"
     finally:
