@@ -23,6 +23,7 @@ checks below are its per-tick callback and its kill), and guarantees, whatever t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -237,23 +238,18 @@ def run_untrusted(
         command = [*launch.horovodrun_command(workers), *command]
     token = uuid.uuid4().hex
     argv, popen_env = _wrapped(command, workdir, env, token, sandbox)
-    if sandbox is not None:  # nothing an earlier run left in the account's keyrings is this run's to read
-        from multigpu.grading import sandbox as sb
-
-        sb.clear_keyrings()
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
     started_at = time.time()
     start = time.monotonic()
-    proc = launch.start(argv, env=popen_env, cwd=workdir)
-    watch = _Watch(proc.pid, ckpt, start, max_memory_bytes, stop_if, observers)
-    job = launch.supervise([proc], ["run"], timeout, echo, " ".join(command[:5]), max_output_bytes=max_output_bytes,
-                           max_printed_lines=MAX_ECHO_LINES, on_tick=watch.tick, tick_s=POLL_S,
-                           kill=lambda: kill_job(proc.pid, token, watch.known), raise_on_timeout=False,
-                           wait_for_output=False)  # a daemon the script left may hold the pipe open
+    with _keyrings_emptied(sandbox is not None):
+        proc = launch.start(argv, env=popen_env, cwd=workdir)
+        watch = _Watch(proc.pid, ckpt, start, max_memory_bytes, stop_if, observers)
+        job = launch.supervise([proc], ["run"], timeout, echo, " ".join(command[:5]), max_output_bytes=max_output_bytes,
+                               max_printed_lines=MAX_ECHO_LINES, on_tick=watch.tick, tick_s=POLL_S,
+                               kill=lambda: kill_job(proc.pid, token, watch.known), raise_on_timeout=False,
+                               wait_for_output=False)  # a daemon the script left may hold the pipe open
     _scan(ckpt, start, watch.seen)
     wall = time.monotonic() - start
-    if sandbox is not None:  # nor for another account's process to read after it
-        sb.clear_keyrings()
     record = RunRecord(command=command, returncode=proc.returncode, wall_s=wall, timed_out=job.timed_out,
                        output_exceeded=job.output_exceeded, output_bytes=job.output_bytes, tail=job.tail,
                        checkpoint_times=dict(watch.seen), epoch_times=_epoch_times(watch.seen),
@@ -263,6 +259,13 @@ def run_untrusted(
     if log is not None:
         log(f"{' '.join(command[:5])} ...: {_how_it_ended(record)} after {wall:.1f} s")
     return record
+
+
+def _keyrings_emptied(sandboxed: bool) -> contextlib.AbstractContextManager[None]:
+    """The sandbox account's keyrings emptied around a sandboxed run (``sandbox.fresh_keyrings``)."""
+    from multigpu.grading import sandbox as sb
+
+    return sb.fresh_keyrings() if sandboxed else contextlib.nullcontext()
 
 
 def _wrapped(command: list[str], workdir: Path, env: dict[str, str] | None, token: str,

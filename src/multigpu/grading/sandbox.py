@@ -32,6 +32,7 @@ account's reach (:func:`python_unreachable`);
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import os
@@ -40,7 +41,7 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from multigpu.core import layout
@@ -95,6 +96,17 @@ def clear_keyrings(user: str | None = None) -> bool:
         except BaseException:
             os._exit(1)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+@contextlib.contextmanager
+def fresh_keyrings(user: str | None = None) -> Iterator[None]:
+    """Around a sandboxed run: the account's keyrings emptied before (nothing an earlier run left
+    is this run's to read) and after (nor for a later one)."""
+    clear_keyrings(user)
+    try:
+        yield
+    finally:
+        clear_keyrings(user)
 
 
 def give_workdir(workdir: Path, user: str | None = None) -> None:

@@ -31,6 +31,7 @@ design) and nbgrader shows them in the feedback: they are a check, not a secret.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -112,12 +113,13 @@ def run_nbgrader(args: list[str], cwd: Path, *, what: str, user: str | None = No
             limits.confine(group, os.getpid(), cores=sorted(os.sched_getaffinity(0)), mem_limit=memory,
                            pids_limit=pids)
 
-    proc = launch.start(argv, env=env(home or cwd), cwd=cwd, before_exec=confine)
-    try:
-        result = launch.supervise([proc], ["nbgrader"], timeout, echo=False, what=what, raise_on_timeout=False)
-    finally:
-        if group is not None:
-            limits.release(group)
+    with sandbox.fresh_keyrings(user) if sandbox_hidden is not None else contextlib.nullcontext():
+        proc = launch.start(argv, env=env(home or cwd), cwd=cwd, before_exec=confine)
+        try:
+            result = launch.supervise([proc], ["nbgrader"], timeout, echo=False, what=what, raise_on_timeout=False)
+        finally:
+            if group is not None:
+                limits.release(group)
     if result.timed_out:
         limit = f"{timeout / 60:.0f} min" if timeout >= 120 else f"{timeout:.0f} s"
         raise JobFailed(f"{what} was stopped after {limit}, its limit (a solution notebook runs "
