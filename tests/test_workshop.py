@@ -373,3 +373,20 @@ def test_a_flood_of_entries_in_the_inbound_folder_is_looked_at_in_bounded_batche
     assert q.ignored()[0] == 60 and q.ignored_by(next(iter(q.ignored()[1]))[1]) == 60
     assert len(list(hub.inbound.iterdir())) == 60, "the entries past the account's share were removed"
     assert (tmp_path / "elsewhere").is_dir(), "a link is removed, never followed"
+
+
+def test_a_learners_flood_of_submission_like_folders_delays_nobody_elses(tmp_path):
+    """Valid-looking folders that one learner keeps changing are never settled nor refused: each scan
+    takes a few of each learner's new entries in turn, so another learner's submission is looked at
+    in the first scan whatever the flood's size or place in the listing."""
+    from multigpu.workshop import service
+
+    class Entry:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    flood = [Entry(f"rtfa+lab-00+2026-11-28 05:00:00.{i:06d} UTC+junk{i}") for i in range(20_000)]
+    mine = Entry("rtfb+lab-00+2026-11-28 05:00:01.000000 UTC+abc")
+    picked = service.pick([*flood[:15_000], mine, *flood[15_000:]], seen=set())
+    assert mine.name in picked[:2] and len(picked) == service.PER_LEARNER + 1
+    assert service.pick([mine], seen={mine.name}) == []

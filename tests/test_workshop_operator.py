@@ -258,6 +258,8 @@ def copies_found_while_readable(tmp_path, repo):
     assert preflight.readable_by_learners(clone / "solutions")
     (clone / "solutions").chmod(0o700)
     assert not preflight.readable_by_learners(clone / "solutions")
+    (clone / ".git").mkdir(mode=0o755)  # a clone's history holds the solutions as well
+    assert preflight.readable_by_learners(clone / ".git")
     (clone / "solutions").chmod(0o755)
     home.chmod(0o700)  # a closed home closes what is below it
     assert not preflight.readable_by_learners(clone / "solutions")

@@ -199,7 +199,7 @@ def server_command(name: str, port: int, cmd: list[str]) -> list[str]:
         return cmd  # already wrapped (a restart of the same spawner)
     hub_port = internal_ports()["MULTIGPU_HUB_INTERNAL_PORT"]
     shm = int(float(os.environ.get("MULTIGPU_LEARNER_MEM_GB") or LEARNER_MEM_GB) * 2**30)
-    return [sys.executable, "-m", "multigpu.workshop.namespaces", "--user", name, "--port", str(port),
+    return [sys.executable, "-I", "-m", "multigpu.workshop.namespaces", "--user", name, "--port", str(port),
             "--relay", str(hub_port), "--shm-bytes", str(shm), "--", *cmd]
 
 

@@ -43,7 +43,7 @@ PR_SET_PDEATHSIG = 1
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 #: A learner's /dev/shm, bytes (its pages count against the learner's memory limit as well).
 SHM_BYTES = 1 << 30
-#: Connections relayed at once in each direction (a learner opening thousands exhausts nothing of root's).
+#: The server's connections to the hub relayed at once (a learner opening thousands exhausts nothing of root's).
 MAX_CONNECTIONS = 256
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -101,12 +101,27 @@ def run_init(user: pwd.struct_passwd, cmd: Sequence[str]) -> NoReturn:
         os.chdir(user.pw_dir)
         os.execvpe(cmd[0], list(cmd), os.environ)
     become(user)
+    die_with_parent()  # a change of credentials clears it: set it again, as the learner
     for sig in FORWARDED:
         signal.signal(sig, lambda s, _f: os.kill(server, s))
     while True:
         pid, status = os.waitpid(-1, 0)
         if pid == server:
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+#: The box's folders every account may write into, made the server's own (a bounded tmpfs each):
+#: shared memory, temporary files (a cache another account planted there would run as this one:
+#: torch.compile's, for one), and POSIX message queues (their own, in this IPC namespace).
+PRIVATE_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp")
+
+
+def private_folders(size_bytes: int) -> None:
+    for folder in PRIVATE_FOLDERS:
+        if os.path.isdir(folder):
+            mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_bytes},mode=1777")
+    if os.path.isdir("/dev/mqueue"):
+        mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 def run_namespaces(user: pwd.struct_passwd, cmd: Sequence[str], shm_bytes: int, ready: int, go: int) -> NoReturn:
@@ -117,7 +132,7 @@ def run_namespaces(user: pwd.struct_passwd, cmd: Sequence[str], shm_bytes: int, 
         die_with_parent()
         unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET)
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the box
-        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_bytes},mode=1777")
+        private_folders(shm_bytes)
         loopback_up()
         os.write(ready, b"namespaces\n")
         if os.read(go, 3) != b"go\n":
@@ -165,26 +180,36 @@ class Relay:
         return s
 
     async def serve(self, listener: socket.socket, target_ns: int, port: int, direction: str) -> None:
+        """Accept for ever (an error waits and tries again: the relay never stops on its own). The
+        proxy's connections in are not capped (the box's side is the proxy's: capping them would let
+        anyone who reaches the hub lock the learner out); the learner's out are, at
+        :data:`MAX_CONNECTIONS`."""
         loop = asyncio.get_running_loop()
         while True:
-            client, _ = await loop.sock_accept(listener)
-            if self.open[direction] >= MAX_CONNECTIONS:
+            try:
+                client, _ = await loop.sock_accept(listener)
+            except OSError:
+                await asyncio.sleep(0.1)
+                continue
+            if direction == "out" and self.open[direction] >= MAX_CONNECTIONS:
                 client.close()
                 continue
+            self.open[direction] += 1  # counted before the task runs, so the cap holds
             loop.create_task(self.connect(client, target_ns, port, direction))
 
     async def connect(self, client: socket.socket, target_ns: int, port: int, direction: str) -> None:
         loop = asyncio.get_running_loop()
-        self.open[direction] += 1
-        server = self.socket_in(target_ns)
         try:
-            await loop.sock_connect(server, ("127.0.0.1", port))
-            await asyncio.gather(self.pump(client, server), self.pump(server, client))
+            server = self.socket_in(target_ns)
+            try:
+                await loop.sock_connect(server, ("127.0.0.1", port))
+                await asyncio.gather(self.pump(client, server), self.pump(server, client))
+            finally:
+                server.close()
         except OSError:
-            pass  # not listening yet, or a side went away
+            pass  # not listening yet, a side went away, or no descriptor left
         finally:
             client.close()
-            server.close()
             self.open[direction] -= 1
 
     async def open_when_up(self, proxy_side: socket.socket) -> None:
@@ -212,8 +237,42 @@ class Relay:
             sink.shutdown(socket.SHUT_WR)
 
 
+#: What a server may write to the hub's log, bytes (its output beyond is dropped, once said).
+LOG_BYTES = 10 * 2**20
+_CONTROL = {c: "?" for c in [*range(0, 9), *range(10, 32), 127]}
+
+
+class ServerLog:
+    """The server's output (stdout and stderr: a pipe, never the operator's terminal) copied to this
+    process's stderr, the hub's log: each line under the user's name, control characters (escape
+    sequences) shown as ``?``, at most :data:`LOG_BYTES`."""
+
+    def __init__(self, fd: int, user: str) -> None:
+        self.fd, self.prefix, self.written, self.partial = fd, f"[server of {user}] ", 0, b""
+        os.set_blocking(fd, False)
+
+    def readable(self) -> None:
+        try:
+            chunk = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if not chunk:
+            asyncio.get_running_loop().remove_reader(self.fd)
+            chunk, self.partial = self.partial + b"\n" if self.partial else b"", b""
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        for raw in lines:
+            if self.written >= LOG_BYTES:
+                return
+            text = raw[:2000].decode("utf-8", "replace").translate(_CONTROL)
+            self.written += len(raw) + 1
+            if self.written >= LOG_BYTES:
+                text += f" (the rest of this server's output, past {LOG_BYTES // 2**20} MB, is not logged)"
+            sys.stderr.write(self.prefix + text + "\n")
+        sys.stderr.flush()
+
+
 async def relay_until(child: int, first: int, relay: Relay, proxy_side: socket.socket,
-                      inside: Sequence[socket.socket]) -> int:
+                      inside: Sequence[socket.socket], log: ServerLog) -> int:
     """Relay until the namespaces' child ends; forward the stop signals to their first process."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[int] = loop.create_future()
@@ -224,6 +283,7 @@ async def relay_until(child: int, first: int, relay: Relay, proxy_side: socket.s
             done.set_result(os.waitstatus_to_exitcode(status))
 
     loop.add_signal_handler(signal.SIGCHLD, reaped)
+    loop.add_reader(log.fd, log.readable)
     for sig in FORWARDED:
         loop.add_signal_handler(sig, os.kill, first, sig)
     tasks = [loop.create_task(relay.open_when_up(proxy_side))]
@@ -234,6 +294,33 @@ async def relay_until(child: int, first: int, relay: Relay, proxy_side: socket.s
     for t in tasks:
         t.cancel()
     return code
+
+
+def failed(child: int, out: int) -> int:
+    """The namespaces were not made: their child's status, and what it said, in the hub's log."""
+    code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) or 1
+    sys.stderr.write(os.read(out, 1 << 16).decode("utf-8", "replace"))
+    return code
+
+
+def server_stdio(out: int) -> None:
+    """The server's standard streams: no input, its output into ``out`` (a pipe this process logs),
+    never the terminal the hub may run in (a learner's server would read what the operator types)."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(devnull)
+    os.close(out)
+
+
+def raise_open_files() -> None:
+    """As many descriptors as the box allows this process: each relayed connection takes two."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -252,27 +339,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     proxy_side.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     proxy_side.bind(("127.0.0.1", args.port))  # it listens once the server does (Relay.open_when_up)
     proxy_side.setblocking(False)
+    raise_open_files()
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
     child = os.fork()
     if child == 0:
-        os.close(ready_r)
-        os.close(go_w)
+        for fd in (ready_r, go_w, out_r):
+            os.close(fd)
         proxy_side.close()
+        server_stdio(out_w)
         run_namespaces(user, cmd, args.shm_bytes, ready_w, go_r)
-    os.close(ready_w)
-    os.close(go_r)
+    for fd in (ready_w, go_r, out_w):
+        os.close(fd)
     with os.fdopen(ready_r) as ready:
         if ready.readline().strip() != "namespaces":
-            return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) or 1
+            return failed(child, out_r)
         relay = Relay(os.open(f"/proc/{child}/ns/net", os.O_RDONLY), args.port, args.relay)
         inside = [relay.listener(relay.inside, port) for port in relay.hub_ports]  # before the server starts
         os.write(go_w, b"go\n")
         os.close(go_w)
         first = ready.readline().strip()
     if not first:
-        return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) or 1
-    code = asyncio.run(relay_until(child, int(first), relay, proxy_side, inside))
+        return failed(child, out_r)
+    code = asyncio.run(relay_until(child, int(first), relay, proxy_side, inside, ServerLog(out_r, args.user)))
     return code & 0xFF if code >= 0 else 128 - code
 
 

@@ -118,7 +118,7 @@ def learner_namespaces() -> Check:
 
 #: Where other copies of the course are usually kept (every home folder too, and
 #: ``MULTIGPU_EXTRA_CHECKOUTS``, a list of folders separated by ``:``), and how deep to look.
-CHECKOUT_ROOTS = (Path("/srv"), Path("/opt"))
+CHECKOUT_ROOTS = (Path("/srv"), Path("/opt"), Path("/tmp"), Path("/var/tmp"), Path("/root"), Path("/usr/local"))
 CHECKOUT_DEPTH = 4
 #: Folders looked at in all, at most (a home full of files must not stall the check).
 CHECKOUT_VISITS = 50_000
@@ -180,10 +180,12 @@ def other_checkouts() -> list[Check]:
     homes = sorted({Path(u.pw_dir) for u in pwd.getpwall() if u.pw_dir not in ("", "/")})
     extra = [Path(p) for p in os.environ.get("MULTIGPU_EXTRA_CHECKOUTS", "").split(":") if p]
     roots = [*homes, *CHECKOUT_ROOTS, *extra]
-    open_ = [c for c in course_copies(roots) if readable_by_learners(c / "solutions")]
+    # a clone's .git holds the solutions too, whatever the mode of its solutions/
+    open_ = [c for c in course_copies(roots)
+             if readable_by_learners(c / "solutions") or ((c / ".git").exists() and readable_by_learners(c / ".git"))]
     if open_:
         return [Check("other copies", "FAIL", "learners can read the solutions of the course copies at "
-                      + ", ".join(map(str, open_)) + ": chmod 700 their solutions/ folder (or the copy) or remove them")]
+                      + ", ".join(map(str, open_)) + ": chmod 700 the copy (its solutions/ and its .git) or remove it")]
     return [Check("other copies", "OK", "no copy of the course with solutions learners can read under the homes, "
                   + ", ".join(str(r) for r in (*CHECKOUT_ROOTS, *extra)))]
 
