@@ -263,3 +263,9 @@ def copies_found_while_readable(tmp_path, repo):
     (clone / "solutions").chmod(0o755)
     home.chmod(0o700)  # a closed home closes what is below it
     assert not preflight.readable_by_learners(clone / "solutions")
+
+
+def test_hub_check_warns_of_ways_to_start_processes_outside_a_servers_namespaces():
+    assert preflight.outside_doors(set())[0].state == "OK"
+    warned = preflight.outside_doors({"sshd", "cron", "python3"})[0]
+    assert warned.state == "WARN" and "DenyGroups" in warned.detail and "cron.deny" in warned.detail

@@ -190,6 +190,25 @@ def other_checkouts() -> list[Check]:
                   + ", ".join(str(r) for r in (*CHECKOUT_ROOTS, *extra)))]
 
 
+#: Services through which an account starts processes outside its server's namespaces.
+OUTSIDE_DOORS = {"sshd": "sshd (DenyGroups multigpu-learners in sshd_config)",
+                 "cron": "cron (the learners' logins in /etc/cron.deny)",
+                 "atd": "atd (the learners' logins in /etc/at.deny)"}
+
+
+def outside_doors(running: set[str] | None = None) -> list[Check]:
+    """Learners' processes belong in their servers' namespaces: a login by ssh, or a cron or at job,
+    runs outside them (the box's processes, loopback and shared memory in reach again)."""
+    import psutil
+
+    names = running if running is not None else {p.info["name"] for p in psutil.process_iter(["name"])}
+    found = [why for name, why in OUTSIDE_DOORS.items() if name in names]
+    if found:
+        return [Check("outside doors", "WARN", "learners could start processes outside their namespaces through "
+                      + ", ".join(found) + ": close them to the learners' group")]
+    return [Check("outside doors", "OK", "no sshd, cron or atd runs: learners' processes start in their servers only")]
+
+
 def hub_running(hub: Hub) -> bool:
     """Whether this hub's JupyterHub runs now (its pid file names a live jupyterhub)."""
     import psutil
@@ -276,6 +295,7 @@ def run(learners: int) -> list[Check]:
     checks = [Check("root", "OK" if os.geteuid() == 0 else "FAIL",
                     "running as root" if os.geteuid() == 0 else "the hub makes accounts and cgroups: run it as root")]
     checks += software() + room(learners, learner_cores, grading_cores) + isolation() + other_checkouts()
+    checks += outside_doors()
     checks += ports(hub, settings, hubconfig.internal_ports()["MULTIGPU_GRADING_PORT"]) + disk(hub, learners)
     checks += key_and_tls(key, hubconfig.tls_files(), settings.ip)
     return checks
