@@ -355,7 +355,7 @@ def test_a_flood_of_entries_in_the_inbound_folder_is_looked_at_in_bounded_batche
     """A learner who makes thousands of folders in the exchange's inbound folder: each scan looks at a
     bounded number of new entries, the first of that account's entries are recorded as not graded,
     and the rest are removed, so neither the records nor the folder grow without end."""
-    from multigpu.workshop import service
+    from multigpu.workshop import service, submissions
 
     hub = layout.Hub(tmp_path)
     hub.inbound.mkdir(parents=True)
@@ -363,7 +363,7 @@ def test_a_flood_of_entries_in_the_inbound_folder_is_looked_at_in_bounded_batche
         (hub.inbound / f"junk-{i:03d}").mkdir()
     (hub.inbound / "junk-link").symlink_to(tmp_path / "elsewhere")
     (tmp_path / "elsewhere").mkdir()
-    monkeypatch.setattr(service, "SCAN_BATCH", 50)
+    monkeypatch.setattr(submissions, "SCAN_BATCH", 50)
     monkeypatch.setattr(service, "JUNK_PER_ACCOUNT", 60)
     q = jobs.Queue(tmp_path / "q.sqlite")
     seen: set[str] = set()
@@ -379,7 +379,7 @@ def test_a_learners_flood_of_submission_like_folders_delays_nobody_elses(tmp_pat
     """Valid-looking folders that one learner keeps changing are never settled nor refused: each scan
     takes a few of each learner's new entries in turn, so another learner's submission is looked at
     in the first scan whatever the flood's size or place in the listing."""
-    from multigpu.workshop import service
+    from multigpu.workshop import submissions
 
     class Entry:
         def __init__(self, name: str) -> None:
@@ -387,6 +387,6 @@ def test_a_learners_flood_of_submission_like_folders_delays_nobody_elses(tmp_pat
 
     flood = [Entry(f"rtfa+lab-00+2026-11-28 05:00:00.{i:06d} UTC+junk{i}") for i in range(20_000)]
     mine = Entry("rtfb+lab-00+2026-11-28 05:00:01.000000 UTC+abc")
-    picked = service.pick([*flood[:15_000], mine, *flood[15_000:]], seen=set())
-    assert mine.name in picked[:2] and len(picked) == service.PER_LEARNER + 1
-    assert service.pick([mine], seen={mine.name}) == []
+    picked = submissions.pick([*flood[:15_000], mine, *flood[15_000:]], seen=set())
+    assert mine.name in picked[:2] and len(picked) == submissions.PER_LEARNER + 1
+    assert submissions.pick([mine], seen={mine.name}) == []

@@ -24,7 +24,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +52,6 @@ def grading_cores() -> set[int] | None:
     return {int(c) for c in given.split(",")} if given else None
 
 
-#: New entries of the inbound folder looked at in one scan, at most (the others wait for the next),
-#: and of one learner's (the login a name starts with), at most: a learner whose flood of folders
-#: keeps changing (never settled, never refused) delays nobody else's submission.
-SCAN_BATCH = 2000
-PER_LEARNER = 20
-#: Names read from the folder per scan, at most (the listing itself stays bounded).
-SCAN_NAMES = 1_000_000
 #: Entries of one account that are not submissions, recorded at most; the later ones are removed
 #: unread (a learner's flood of folders neither fills the queue's records nor slows every scan).
 JUNK_PER_ACCOUNT = 100
@@ -70,7 +62,7 @@ def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
     """Record every new submission, in the exchange's inbound folder or in ngshare (``source``:
     ngshare names each submitter by their hub token); returns the new jobs. ``seen``: the names
     already recorded (the scanner keeps it across scans; default: read from the queue). At most
-    :data:`SCAN_BATCH` new entries a scan; past :data:`JUNK_PER_ACCOUNT` entries of one account that
+    :data:`submissions.SCAN_BATCH` new entries a scan; past :data:`JUNK_PER_ACCOUNT` entries of one account that
     are not submissions, that account's next ones are removed."""
     seen = queue.seen() if seen is None else seen
     if source is not None:
@@ -81,7 +73,7 @@ def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
     with safefiles.opened(os.open(hub.inbound, safefiles.DIR_FLAGS)) as inbound:
         arrivals = []
         with os.scandir(inbound) as entries:
-            names = pick(entries, seen)
+            names = submissions.pick(entries, seen)
         for name in names:
             try:
                 arrival, fd = submissions.check(inbound, name, assignments)
@@ -93,25 +85,6 @@ def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
             else:  # still being written: the next scan looks again
                 os.close(fd)
         return take_arrivals(hub, queue, arrivals, seen)
-
-
-def pick(entries: Iterable[os.DirEntry], seen: set[str]) -> list[str]:
-    """The new entries one scan looks at: learner by learner in turn (the login before the first
-    ``+``), at most :data:`PER_LEARNER` each and :data:`SCAN_BATCH` in all, from the first
-    :data:`SCAN_NAMES` names the folder lists."""
-    by_learner: dict[str, list[str]] = {}
-    for i, entry in enumerate(entries):
-        if i >= SCAN_NAMES:
-            break
-        if entry.name not in seen:
-            mine = by_learner.setdefault(entry.name.split("+", 1)[0], [])
-            if len(mine) < PER_LEARNER:
-                mine.append(entry.name)
-    queues = list(by_learner.values())
-    picked: list[str] = []
-    for round_ in range(PER_LEARNER):
-        picked += [q[round_] for q in queues if round_ < len(q)]
-    return picked[:SCAN_BATCH]
 
 
 def not_a_submission(queue: jobs.Queue, inbound: int, name: str, why: str, seen: set[str]) -> None:

@@ -24,6 +24,7 @@ import pwd
 import re
 import shutil
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,3 +165,31 @@ def take(hub: Hub, arrival: Arrival, folder_fd: int) -> Path:
 def forget(hub: Hub, name: str) -> None:
     """Remove the copy of ``name`` (graded, failed or replaced: no longer needed)."""
     shutil.rmtree(copy_path(hub, name), ignore_errors=True)
+
+
+#: New entries of the inbound folder looked at in one scan, at most (the others wait for the next),
+#: and of one learner's (the login a name starts with), at most: a learner whose flood of folders
+#: keeps changing (never settled, never refused) delays nobody else's submission.
+SCAN_BATCH = 2000
+PER_LEARNER = 20
+#: Names read from the folder per scan, at most (the listing itself stays bounded).
+SCAN_NAMES = 1_000_000
+
+
+def pick(entries: Iterable[os.DirEntry], seen: set[str]) -> list[str]:
+    """The new entries one scan looks at: learner by learner in turn (the login before the first
+    ``+``), at most :data:`PER_LEARNER` each and :data:`SCAN_BATCH` in all, from the first
+    :data:`SCAN_NAMES` names the folder lists."""
+    by_learner: dict[str, list[str]] = {}
+    for i, entry in enumerate(entries):
+        if i >= SCAN_NAMES:
+            break
+        if entry.name not in seen:
+            mine = by_learner.setdefault(entry.name.split("+", 1)[0], [])
+            if len(mine) < PER_LEARNER:
+                mine.append(entry.name)
+    queues = list(by_learner.values())
+    picked: list[str] = []
+    for round_ in range(PER_LEARNER):
+        picked += [q[round_] for q in queues if round_ < len(q)]
+    return picked[:SCAN_BATCH]
