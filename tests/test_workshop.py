@@ -390,3 +390,13 @@ def test_a_learners_flood_of_submission_like_folders_delays_nobody_elses(tmp_pat
     picked = submissions.pick([*flood[:15_000], mine, *flood[15_000:]], seen=set())
     assert mine.name in picked[:2] and len(picked) == submissions.PER_LEARNER + 1
     assert submissions.pick([mine], seen={mine.name}) == []
+
+
+def test_a_hub_under_a_folder_each_server_has_its_own_is_refused_with_where_to_put_it():
+    """Each learner's server sees its own empty /tmp, /var/tmp and /dev/shm: a hub there would show
+    its servers no course and no exchange, so setup and the hub's config refuse it, saying why."""
+    for root in ("/tmp/multigpu-hub-x", "/var/tmp/hub", "/dev/shm/hub", "/tmp"):
+        why = layout.Hub(Path(root)).hidden_from_servers()
+        assert why is not None and "MULTIGPU_HUB_ROOT" in why and root.split("/")[1] in why
+    for root in ("/srv/multigpu", "/tmpfoo/hub", "/srv/multigpu-scratch/multigpu-hub-x"):
+        assert layout.Hub(Path(root)).hidden_from_servers() is None

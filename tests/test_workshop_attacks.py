@@ -1049,12 +1049,13 @@ def test_14_no_learner_reaches_anothers_rendezvous_and_the_job_finishes(hub):
 
 
 SHARED_MEMORY = """
-import ctypes, json, os
+import ctypes, json, os, pwd
 libc = ctypes.CDLL(None, use_errno=True)
 segment = libc.shmget(0, 64 * 2**20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600: 64 MB nobody removes
-os.makedirs("/dev/shm/open-to-all", exist_ok=True)
-os.chmod("/dev/shm/open-to-all", 0o1777)
-with open("/dev/shm/open-to-all/held", "wb") as f:
+folder = "/dev/shm/open-to-all-" + pwd.getpwuid(os.getuid()).pw_name
+os.makedirs(folder, exist_ok=True)
+os.chmod(folder, 0o1777)
+with open(folder + "/held", "wb") as f:
     f.write(b"x" * 32 * 2**20)
 print(json.dumps({"segment": segment, "listing": sorted(os.listdir("/dev/shm"))}))
 """
@@ -1072,17 +1073,18 @@ def test_15_shared_memory_and_system_v_segments_go_with_the_learners_server(hub)
     both outlived the server, make hub-stop and make hub-offboard, counted against no one.)"""
     a, b = learners(hub)
     uid = pwd.getpwnam(a).pw_uid
+    folder = Path(f"/dev/shm/open-to-all-{a}")
     made = json.loads(in_kernel(hub, a, SHARED_MEMORY).strip().splitlines()[-1])
-    assert made["segment"] >= 0 and "open-to-all" in made["listing"]
-    assert not Path("/dev/shm/open-to-all").exists(), "A's /dev/shm is the box's"
+    assert made["segment"] >= 0 and folder.name in made["listing"]
+    assert not folder.exists(), "A's /dev/shm is the box's"
     listing = json.loads(in_kernel(hub, b, "import os, json; print(json.dumps(os.listdir('/dev/shm')))").strip())
-    assert "open-to-all" not in listing, "B sees A's shared memory"
+    assert folder.name not in listing, "B sees A's shared memory"
     assert not segments_of(uid), "A's segment is in the box's IPC namespace"
     stop_server_of(a)  # as the spawner stops it (SIGINT to the server's process, the hub's stop button)
     _SERVERS.pop(a)
     wait_for(f"{a}'s processes outlived the server", lambda: not [p for p in psutil.process_iter(["uids"])
                                                                    if p.info["uids"] and p.info["uids"].real == uid], 60, hub)
-    assert not segments_of(uid) and not Path("/dev/shm/open-to-all").exists()
+    assert not segments_of(uid) and not folder.exists()
 
 
 SQUAT = """

@@ -47,6 +47,9 @@ def setup(instructor: str) -> int:
     from multigpu.workshop import course
 
     hub = Hub.default()
+    if (why := hub.hidden_from_servers()) is not None:
+        print(f"error: {why}", file=sys.stderr)
+        return 1
     accounts.ensure_group(layout.LEARNERS_GROUP)
     if not accounts.exists(instructor):
         secret = accounts.create(instructor, layout.INSTRUCTORS_GROUP)

@@ -39,6 +39,9 @@ INSTRUCTOR = "instructor"
 #: and a learner's process listening on one meanwhile would answer on the hub's origin (a login
 #: page of its own, its script) and be sent the proxy's token.
 HUB_INTERNAL_PORT, PROXY_API_PORT, GRADING_PORT = 881, 882, 883
+#: The box's folders every account may write into: each learner's server sees its own, empty
+#: (``namespaces``), so nothing of the hub may live under them.
+PRIVATE_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp")
 
 
 def lab_assignment(notebook: str) -> str:
@@ -60,6 +63,15 @@ class Hub:
     @classmethod
     def default(cls) -> Hub:
         return cls(Path(os.environ.get("MULTIGPU_HUB_ROOT", DEFAULT_ROOT)).resolve())
+
+    def hidden_from_servers(self) -> str | None:
+        """Why learners' servers could not see this hub's root (it lies in a folder each server
+        has its own of), or None."""
+        for folder in PRIVATE_FOLDERS:
+            if self.root == Path(folder) or Path(folder) in self.root.parents:
+                return (f"the hub's root {self.root} lies in {folder}, which every learner's server sees as "
+                        f"an empty folder of its own: set MULTIGPU_HUB_ROOT elsewhere (default {DEFAULT_ROOT})")
+        return None
 
     @property
     def tag(self) -> str:

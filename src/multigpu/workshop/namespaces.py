@@ -37,6 +37,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from multigpu.workshop import layout
+
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 PR_SET_PDEATHSIG = 1
@@ -110,14 +112,12 @@ def run_init(user: pwd.struct_passwd, cmd: Sequence[str]) -> NoReturn:
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
-#: The box's folders every account may write into, made the server's own (a bounded tmpfs each):
-#: shared memory, temporary files (a cache another account planted there would run as this one:
-#: torch.compile's, for one), and POSIX message queues (their own, in this IPC namespace).
-PRIVATE_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp")
-
-
 def private_folders(size_bytes: int) -> None:
-    for folder in PRIVATE_FOLDERS:
+    """The box's folders every account may write into, made the server's own (a bounded tmpfs
+    each): shared memory, temporary files (a cache another account planted there would run as
+    this one: torch.compile's, for one), and POSIX message queues (their own, in this IPC
+    namespace)."""
+    for folder in layout.PRIVATE_FOLDERS:
         if os.path.isdir(folder):
             mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_bytes},mode=1777")
     if os.path.isdir("/dev/mqueue"):

@@ -28,6 +28,9 @@ from typing import Any
 from multigpu.workshop import accounts, limits
 from multigpu.workshop.layout import Hub
 
+#: Where scratch hubs' roots go: not /tmp, which each learner's server sees as its own.
+SCRATCH_PARENT = Path("/srv/multigpu-scratch")
+
 #: Seconds a hub may take to answer after its start on a busy 2-core machine.
 START_S = 180
 #: The operator's settings a scratch hub takes from the caller's environment (``make hub-load``'s).
@@ -155,7 +158,8 @@ def scratch_hub(tag: str, learners: list[str], *, python: str = sys.executable, 
                 tls: bool = False, start: bool = True, **extra_env: str) -> Iterator[ScratchHub]:
     """A hub in a temporary root with the instructor ``<tag>i`` and ``learners`` (see the module doc).
     ``tls``: a self-signed pair made by ``multigpu workshop tls``, served over HTTPS."""
-    root = Path(tempfile.mkdtemp(prefix=f"multigpu-hub-{tag}-", dir="/tmp"))
+    SCRATCH_PARENT.mkdir(mode=0o755, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f"multigpu-hub-{tag}-", dir=SCRATCH_PARENT))
     os.chmod(root, 0o755)
     keys = Path(tempfile.mkdtemp(prefix="multigpu-hub-key-"))
     instructor = f"{tag}i"
