@@ -394,7 +394,7 @@ def test_a_learners_flood_of_submission_like_folders_delays_nobody_elses(tmp_pat
 
 def test_a_hub_under_a_folder_each_server_has_its_own_is_refused_with_where_to_put_it():
     """Each learner's server sees its own empty /tmp, /var/tmp and /dev/shm: a hub there would show
-    its servers no course and no exchange, so setup and the hub's config refuse it, saying why."""
+    its servers no course and no exchange, so `multigpu workshop setup` and `hub` refuse it, saying why."""
     for root in ("/tmp/multigpu-hub-x", "/var/tmp/hub", "/dev/shm/hub", "/tmp"):
         why = layout.Hub(Path(root)).hidden_from_servers()
         assert why is not None and "MULTIGPU_HUB_ROOT" in why and root.split("/")[1] in why

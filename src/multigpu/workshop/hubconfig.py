@@ -259,8 +259,6 @@ def culler_service() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def configure(c: Any) -> None:
     """Fill JupyterHub's config object ``c`` (see the module doc)."""
     hub = Hub.default()
-    if (why := hub.hidden_from_servers()) is not None:
-        raise ValueError(why)
     hub.state.mkdir(parents=True, exist_ok=True)
     ports = internal_ports()
     warn_of_learner_ports(ports)
