@@ -392,11 +392,19 @@ def test_a_learners_flood_of_submission_like_folders_delays_nobody_elses(tmp_pat
     assert submissions.pick([mine], seen={mine.name}) == []
 
 
-def test_a_hub_under_a_folder_each_server_has_its_own_is_refused_with_where_to_put_it():
-    """Each learner's server sees its own empty /tmp, /var/tmp and /dev/shm: a hub there would show
-    its servers no course and no exchange, so `multigpu workshop setup` and `hub` refuse it, saying why."""
+def test_a_hub_under_a_folder_each_server_has_its_own_is_refused_with_where_to_put_it(monkeypatch, tmp_path):
+    """Each learner's server sees its own empty /tmp, /var/tmp and /dev/shm: a hub or a checkout
+    there would show its servers no course, no exchange and no package, so `multigpu workshop setup`
+    (which `make hub` runs first) refuses it, saying why."""
+    from multigpu.core import layout as course_layout
+
     for root in ("/tmp/multigpu-hub-x", "/var/tmp/hub", "/dev/shm/hub", "/tmp"):
         why = layout.Hub(Path(root)).hidden_from_servers()
         assert why is not None and "MULTIGPU_HUB_ROOT" in why and root.split("/")[1] in why
     for root in ("/srv/multigpu", "/tmpfoo/hub", "/srv/multigpu-scratch/multigpu-hub-x"):
         assert layout.Hub(Path(root)).hidden_from_servers() is None
+    (tmp_path / course_layout.MARKER).write_text("")
+    (tmp_path / course_layout.SOLUTIONS).mkdir()
+    monkeypatch.setenv("MULTIGPU_COURSE_ROOT", str(tmp_path))
+    why = layout.Hub(Path("/srv/multigpu")).hidden_from_servers()
+    assert why is not None and f"the course's checkout {tmp_path}" in why and "clone the course elsewhere" in why

@@ -65,12 +65,16 @@ class Hub:
         return cls(Path(os.environ.get("MULTIGPU_HUB_ROOT", DEFAULT_ROOT)).resolve())
 
     def hidden_from_servers(self) -> str | None:
-        """Why learners' servers could not see this hub's root (it lies in a folder each server
-        has its own of), or None."""
-        for folder in PRIVATE_FOLDERS:
-            if self.root == Path(folder) or Path(folder) in self.root.parents:
-                return (f"the hub's root {self.root} lies in {folder}, which every learner's server sees as "
-                        f"an empty folder of its own: set MULTIGPU_HUB_ROOT elsewhere (default {DEFAULT_ROOT})")
+        """Why learners' servers could not see this hub's root or the course's checkout (each lies
+        outside the folders a server has its own of), or None."""
+        from multigpu.core import layout as course_layout
+
+        for what, path, fix in (("the hub's root", self.root, f"set MULTIGPU_HUB_ROOT elsewhere (default {DEFAULT_ROOT})"),
+                                ("the course's checkout", course_layout.course_root(), "clone the course elsewhere")):
+            for folder in PRIVATE_FOLDERS:
+                if path == Path(folder) or Path(folder) in path.parents:
+                    return (f"{what} {path} lies in {folder}, which every learner's server sees as an empty "
+                            f"folder of its own: {fix}")
         return None
 
     @property
