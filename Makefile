@@ -272,3 +272,15 @@ test-hub: $(STAMP)
 	    print(f\"== hub attack tests: {t.get('tests')} run, {int(t.get('failures')) + int(t.get('errors'))} failed, {t.get('skipped')} skipped\")"; \
 	$(HUB_TEST_ENV) $(PY) -m pytest $(HUB_TESTS) -v --durations=10 || status=$$?; \
 	exit $$status
+
+# ---------------------------------------------------------------------------------- Slurm cluster
+# Issue 51, first step: Slurm 22.05 and munge from the distribution, as root (idempotent: apt-get
+# installs nothing twice). The lock timeout waits out another apt-get (CI's hub stage) instead of failing.
+# Only the packages exist so far: no test cluster, launcher or make test-cluster yet (docs/workshop.md).
+.PHONY: cluster-deps
+cluster-deps:
+	@command -v apt-get >/dev/null || { echo "cluster-deps: no apt-get on this box; install slurmctld, slurmd, slurm-client and munge by hand"; exit 1; }
+	@test "$$(id -u)" = 0 || { echo "cluster-deps: run as root (it calls apt-get install)"; exit 1; }
+	apt-get install -y -o DPkg::Lock::Timeout=600 slurmctld slurmd slurm-client munge
+	@for b in sbatch srun squeue sacct scancel slurmctld slurmd munged; do command -v $$b >/dev/null || { echo "cluster-deps: $$b missing after install"; exit 1; }; done
+	@echo "cluster-deps: $$(dpkg-query -W -f 'slurmctld $${Version}, munge ' slurmctld)$$(dpkg-query -W -f '$${Version}' munge) installed"
