@@ -63,6 +63,17 @@ def test_a_jobs_workers_are_forks_of_the_warm_parent():
     assert workers_left() == []
 
 
+def test_warm_off_takes_effect_while_a_warm_parent_runs(monkeypatch):
+    """MULTIGPU_WARM=0 set after a warm job: the next job's workers are fresh Pythons (children of
+    the job, not of the warm parent); set back, the same parent serves again (what `make bench
+    --only warm` compares)."""
+    parent = parent_pid()
+    monkeypatch.setenv(warm.ENV, "0")
+    assert all(ppid != parent for ppid, _, _ in launch.run(whoami, 2, timeout=120, echo=False))
+    monkeypatch.setenv(warm.ENV, "1")
+    assert launch.run(whoami, 2, timeout=60, echo=False) == [(parent, 0, 2), (parent, 1, 2)]
+
+
 def change_everything(rank, world_size, path):
     import json
     import threading

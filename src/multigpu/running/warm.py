@@ -54,13 +54,16 @@ class WarmParent:
         return os.path.join(self.folder, "parent.sock")
 
     def ready(self) -> str | None:
-        """The warm parent's socket, starting the parent if needed; None where there is none."""
+        """The warm parent's socket, starting the parent if needed; None where there is none or
+        ``MULTIGPU_WARM=0`` is set now (a parent already started waits for the next warm job)."""
         with self.lock:
-            if self.proc is not None and self.proc.poll() is None:
+            why = self.why_off()
+            if why is None and self.proc is not None and self.proc.poll() is None:
                 return self.socket
-            if self.proc is not None:  # it died (killed, or crashed): start another
-                self.stop()
-            why = self.why_off() or self.start()
+            if why is None:
+                if self.proc is not None:  # it died (killed, or crashed): start another
+                    self.stop()
+                why = self.start()
             if why:
                 self.unavailable = why
                 if not self.told:
