@@ -195,8 +195,12 @@ def test_a_warm_parent_that_dies_fails_its_job_and_the_next_job_starts_another()
 
 
 INTERRUPTED = """
-import os, sys, time
+import os, signal, sys, time
 from multigpu.running import launch
+
+# a kernel's Ctrl-C is KeyboardInterrupt, also where this test runs with SIGINT ignored (a shell's
+# background job, whose children inherit that)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def wait(rank, world_size, folder):
     open(os.path.join(folder, f"rank{rank}"), "w").write(str(os.getpid()))
