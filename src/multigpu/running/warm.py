@@ -58,9 +58,9 @@ class WarmParent:
         ``MULTIGPU_WARM=0`` is set now (a parent already started waits for the next warm job)."""
         with self.lock:
             why = self.why_off()
-            if why is None and self.proc is not None and self.proc.poll() is None:
-                return self.socket
             if why is None:
+                if self.proc is not None and self.proc.poll() is None:
+                    return self.socket
                 if self.proc is not None:  # it died (killed, or crashed): start another
                     self.stop()
                 why = self.start()

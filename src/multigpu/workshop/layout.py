@@ -72,7 +72,7 @@ class Hub:
         for what, path, fix in (("the hub's root", self.root, f"set MULTIGPU_HUB_ROOT elsewhere (default {DEFAULT_ROOT})"),
                                 ("the course's checkout", course_layout.course_root(), "clone the course elsewhere")):
             for folder in PRIVATE_FOLDERS:
-                if path == Path(folder) or Path(folder) in path.parents:
+                if path.is_relative_to(folder):
                     return (f"{what} {path} lies in {folder}, which every learner's server sees as an empty "
                             f"folder of its own: {fix}")
         return None
