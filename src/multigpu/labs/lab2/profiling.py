@@ -292,8 +292,10 @@ def pipeline_vs_model(
 
     Interleaving keeps both under the same machine load, so the ratio holds on a noisy,
     shared machine even when the absolute numbers do not. Each loader run covers about
-    ``loader_images`` images (at least 3 batches). ``batch_size`` for the model defaults to the
-    loader's.
+    ``loader_images`` images (at least 3 batches). One untimed loader run comes first: the
+    first read of a file comes from the disk (later epochs find it in the page cache) and
+    loader workers start, so the ratio is that of the steady state. ``batch_size`` for the
+    model defaults to the loader's.
     """
     batch_size = batch_size or getattr(loader, "batch_size", None) or 64
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -302,6 +304,7 @@ def pipeline_vs_model(
     loader_bs = getattr(loader, "batch_size", None) or batch_size
     loader_batches = max(3, -(-loader_images // loader_bs))
     p_runs, m_runs = [], []
+    loader_images_per_s(loader, batches=loader_batches, device=device)  # untimed: page cache, workers
     for _ in range(repeats):
         p_runs.append(loader_images_per_s(loader, batches=loader_batches, device=device))
         m_runs.append(
