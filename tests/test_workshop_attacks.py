@@ -39,6 +39,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=W
 GRADE_S = 900  # a Lab 0 grading on the busy 2-core machine, with one or two ahead of it
 #: the hub's limits, small enough to reach on purpose (the learner servers' and the grading's)
 LEARNER_PIDS, GRADING_PIDS, GRADING_MEM_GB = 160, 320, 3
+#: the quotas of a learner's home and of the exchange, MB (small enough to fill in seconds)
+LEARNER_DISK_MB, EXCHANGE_DISK_MB = 160, 160
 SOLUTION_MARK = "### BEGIN SOLUTION"
 
 
@@ -137,7 +139,8 @@ def files_holding(root: Path, needle: bytes, skip: set[Path]) -> list[str]:
 def hub():
     tag = f"mga{os.getpid() % 100000}"
     with running_hub(tag, MULTIGPU_LEARNER_PIDS=str(LEARNER_PIDS), MULTIGPU_GRADING_PIDS=str(GRADING_PIDS),
-                     MULTIGPU_GRADING_MEM_GB=str(GRADING_MEM_GB)) as h:
+                     MULTIGPU_GRADING_MEM_GB=str(GRADING_MEM_GB), MULTIGPU_LEARNER_DISK_MB=str(LEARNER_DISK_MB),
+                     MULTIGPU_EXCHANGE_DISK_MB=str(EXCHANGE_DISK_MB)) as h:
         course = h.hub.course
         h.nbgrader(h.instructor, "generate_assignment", "lab-00", "--force", cwd=course)
         h.nbgrader(h.instructor, "release_assignment", "lab-00", cwd=course)
@@ -1163,3 +1166,55 @@ def test_16_no_learner_takes_the_route_of_a_server_that_died_while_the_hub_was_d
         _SERVERS.pop(b, None)
         squat.join(60)
         hub.start()
+
+
+FILL = """
+import errno, json, os
+written, err = 0, None
+try:
+    with open({path!r}, "wb") as f:
+        while written < {most}:
+            f.write(b"\\1" * 2**20)
+            f.flush()
+            os.fsync(f.fileno())
+            written += 1
+except OSError as e:
+    err = errno.errorcode.get(e.errno, str(e.errno))
+print(json.dumps({{"written_mb": written, "error": err}}))
+"""
+
+
+def test_17_a_learner_who_fills_their_home_or_the_exchange_stops_at_its_quota(hub):
+    """A fills their home from a kernel: "No space left on device" at their quota, not the box's
+    disk; JupyterLab then refuses A's save with a message that says the home is full, while B saves
+    and writes as before; A deletes the file and saves again. A file written into the exchange stops
+    at the exchange's quota. (Before: one home or the exchange filled the box's disk, the hub's
+    database and every other learner's home with it.)"""
+    from multigpu.workshop.learnerclient import LearnerError
+
+    a, b = learners(hub)
+    for folder in (home(a), home(b), hub.hub.exchange):
+        assert os.path.ismount(folder), f"{folder} is not a file system of its own"
+    big = home(a) / "big.bin"
+    filled = json.loads(in_kernel(hub, a, FILL.format(path=str(big), most=2 * LEARNER_DISK_MB)).strip().splitlines()[-1])
+    assert filled["error"] == "ENOSPC" and filled["written_mb"] <= LEARNER_DISK_MB, filled
+    notebook = {"type": "notebook", "content": {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "x" * 2**20}],
+                                                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}}
+    try:
+        with pytest.raises(LearnerError, match="HTTP 507.*home folder is full"):
+            server(hub, a).api("PUT", "api/contents/full.ipynb", json=notebook)
+        server(hub, b).api("PUT", "api/contents/fine.ipynb", json=notebook)
+        wrote = json.loads(in_kernel(hub, b, FILL.format(path=str(home(b) / "some.bin"), most=8)).strip().splitlines()[-1])
+        assert wrote == {"written_mb": 8, "error": None}, f"B was stopped by A's full home: {wrote}"
+    finally:
+        big.unlink(missing_ok=True)
+        (home(b) / "some.bin").unlink(missing_ok=True)
+    server(hub, a).api("PUT", "api/contents/full.ipynb", json=notebook)
+
+    junk = hub.hub.inbound / f"{a}+junk"
+    try:
+        out = learner_python(hub, a, FILL.format(path=str(junk), most=2 * EXCHANGE_DISK_MB)).stdout
+        filled = json.loads(out.strip().splitlines()[-1])
+        assert filled["error"] == "ENOSPC" and filled["written_mb"] <= EXCHANGE_DISK_MB, filled
+    finally:
+        junk.unlink(missing_ok=True)

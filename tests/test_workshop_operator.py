@@ -90,6 +90,8 @@ def test_preflight_says_what_the_box_lacks(tmp_path, monkeypatch):
     mismatch = preflight.key_and_tls(key, (str(cert), str(tmp_path / "other.key")), "0.0.0.0")[1]
     assert mismatch.state == "FAIL" and "is not the key of" in mismatch.detail
     assert preflight.disk(layout.Hub(tmp_path), 10**9)[0].state == "FAIL"
+    quota = preflight.quotas(10**6)
+    assert quota.state == "WARN" and ("fills before the quotas" in quota.detail or quota.detail.startswith("none: ")), quota
 
 
 def test_a_self_signed_certificate_names_the_room_host(tmp_path):

@@ -181,6 +181,9 @@ def remove(login: str, group: str = layout.LEARNERS_GROUP) -> None:
     if login not in members(group):
         raise AccountError(f"{login!r} is not a workshop account (not in group {group}): not removed")
     stop_processes(login)
+    from multigpu.workshop import disks
+
+    disks.detach_home(login)
     _run(["userdel", "--remove", login])
 
 

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from multigpu.core import layout as course_layout
-from multigpu.workshop import accounts, layout
+from multigpu.workshop import accounts, disks, layout
 from multigpu.workshop.layout import Hub
 
 
@@ -62,6 +62,9 @@ def setup(instructor: str) -> int:
         return 1
     accounts.ensure_service_user()
     made = course.setup(hub, instructor)
+    disks.quota(lambda: disks.attach_exchange(hub), "the exchange")
+    for login in sorted(disks.learners()):  # after a reboot nothing is mounted
+        disks.quota(lambda: disks.attach_home(login), f"{login}'s home")
     key = Path(os.environ.get("MULTIGPU_CERTIFICATE_KEY") or certificates.default_key_path())
     if not key.exists():
         private, public = certificates.keygen(key)
@@ -128,6 +131,8 @@ def cmd_add(args: argparse.Namespace) -> int:
     except accounts.AccountError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    for login, _ in rows:
+        disks.quota(lambda: disks.attach_home(login), f"{login}'s home ({disks.learner_mb()} MB)")
     text = accounts.sheet(rows, hub_url())
     print(text)
     if args.sheet:

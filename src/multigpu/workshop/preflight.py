@@ -246,7 +246,23 @@ def disk(hub: Hub, learners: int) -> list[Check]:
         free = shutil.disk_usage(where).free / 2**30
         need = learners * DISK_GB_PER_LEARNER if what == "disk (homes)" else 2.0
         out.append(Check(what, "OK" if free >= need else "FAIL", f"{free:.0f} GB free under {where}; needs {need:g} GB"))
-    return out
+    return out + [quotas(learners)]
+
+
+def quotas(learners: int) -> Check:
+    """Whether homes and the exchange get images of their own (``disks``), and what they would take full."""
+    from multigpu.workshop import disks
+
+    why = disks.unavailable()
+    if why:
+        return Check("disk quotas", "WARN", f"none: {why}; a learner who fills the disk stops the hub for everyone")
+    most = (learners * disks.learner_mb() + disks.exchange_mb()) / 1024
+    where = next(p for p in (disks.disks_dir(), *disks.disks_dir().parents) if p.exists())
+    free = shutil.disk_usage(where).free / 2**30
+    return Check("disk quotas", "OK" if most <= free else "WARN",
+                 f"each home {disks.learner_mb()} MB, the exchange {disks.exchange_mb()} MB (MULTIGPU_LEARNER_DISK_MB, "
+                 f"MULTIGPU_EXCHANGE_DISK_MB): {most:,.0f} GB if every one fills, {free:.0f} GB free"
+                 + ("" if most <= free else ": the box's disk fills before the quotas do"))
 
 
 def key_and_tls(key: Path, tls_files: tuple[str, str] | None, ip: str) -> list[Check]:

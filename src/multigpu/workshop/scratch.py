@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multigpu.workshop import accounts, limits
+from multigpu.workshop import accounts, disks, limits
 from multigpu.workshop.layout import Hub
 
 #: Where scratch hubs' roots go: not /tmp, which each learner's server sees as its own.
@@ -195,5 +195,6 @@ def scratch_hub(tag: str, learners: list[str], *, python: str = sys.executable, 
                                 instructor], capture_output=True)
         for name in [*learners, instructor]:
             limits.release(f"user-{name}")
+        disks.detach_exchange(Hub(root))
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(keys, ignore_errors=True)

@@ -1,0 +1,78 @@
+"""Disk quotas (``multigpu.workshop.disks``) on real loop devices: a folder's files move into its own
+ext4 image, writing past the image's size fails with ENOSPC there alone, JupyterLab's pre-save hook
+refuses a save that does not fit with a message that says why, and the image survives an unmount
+(the exchange's, after a reboot) or goes with its account (a learner's). The hub tests run them on
+a real hub (tests/test_workshop_attacks.py, test 17)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import types
+from pathlib import Path
+
+import pytest
+from tornado.web import HTTPError
+
+from multigpu.workshop import disks
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(disks.unavailable() is not None, reason=disks.unavailable() or "")]
+
+
+def fill(path: Path, most_mb: int) -> tuple[int, int | None]:
+    """Write 1 MB at a time into ``path``, at most ``most_mb``; (MB written, the errno that stopped it)."""
+    written = 0
+    try:
+        with open(path, "wb") as f:
+            while written < most_mb:
+                f.write(b"\1" * 2**20)
+                f.flush()
+                os.fsync(f.fileno())
+                written += 1
+    except OSError as e:
+        return written, e.errno
+    return written, None
+
+
+def test_a_folder_on_its_own_image_fills_alone_and_a_save_that_does_not_fit_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("MULTIGPU_DISKS_DIR", str(tmp_path / "disks"))
+    folder, beside = tmp_path / "home", tmp_path / "beside"
+    folder.mkdir()
+    beside.mkdir()
+    (folder / "notes.txt").write_text("kept")
+    image = tmp_path / "disks" / "one.img"
+    try:
+        assert disks.attach(image, folder, 24, (os.getuid(), os.getgid()), 0o700)
+        assert os.path.ismount(folder) and not disks.attach(image, folder, 24, (0, 0), 0o700), "mounted twice"
+        assert (folder / "notes.txt").read_text() == "kept", "the folder's files were not copied in"
+        assert not (folder / "lost+found").exists()
+        assert oct(folder.stat().st_mode & 0o7777) == "0o700"
+        assert image.stat().st_blocks * 512 < 12 * 2**20, "the image is not sparse"
+
+        written, err = fill(folder / "big.bin", 64)
+        assert err == errno.ENOSPC and 16 <= written <= 24, (written, err)
+        assert fill(beside / "big.bin", 32) == (32, None), "a folder beside the image was stopped too"
+
+        manager = types.SimpleNamespace(root_dir=str(folder))
+        with pytest.raises(HTTPError) as refused:
+            disks.refuse_when_full({"type": "file", "content": "x" * 1_000_000}, "new.txt", manager)
+        assert refused.value.status_code == 507 and "home folder is full" in refused.value.log_message
+        (folder / "big.bin").unlink()
+        disks.refuse_when_full({"type": "file", "content": "x" * 1_000_000}, "new.txt", manager)  # fits again
+
+        disks.detach(folder)
+        assert not os.path.ismount(folder) and not (folder / "big.bin").exists()
+        assert disks.attach(image, folder, 24, (0, 0), 0o700) and (folder / "notes.txt").read_text() == "kept", \
+            "the image lost its files across an unmount"
+    finally:
+        disks.detach(folder)
+    assert not os.path.ismount(folder)
+
+
+def test_sizes_come_from_the_environment_and_nonsense_is_refused(monkeypatch):
+    monkeypatch.setenv("MULTIGPU_LEARNER_DISK_MB", "512")
+    assert disks.learner_mb() == 512
+    for bad in ("lots", "8"):
+        monkeypatch.setenv("MULTIGPU_EXCHANGE_DISK_MB", bad)
+        with pytest.raises(disks.DiskError, match="MULTIGPU_EXCHANGE_DISK_MB"):
+            disks.exchange_mb()
