@@ -255,7 +255,7 @@ hub-release:
 # it grades; every submission must be graded exactly once. Report: $(HUB_REPORT).md and .json
 hub-load: hub-deps
 	MULTIGPU_QUICK=1 PATH=$(HUB_PREFIX)/bin:/usr/local/bin:/usr/bin:/bin \
-	$(HUB_PREFIX)/bin/multigpu workshop load --learners $(LEARNERS) --restart-hub --report $(HUB_REPORT)
+	$(HUB_PREFIX)/bin/multigpu workshop load --learners $(LEARNERS) --restart-hub --report $(HUB_REPORT) $(if $(NO_GRADING),--no-grading)
 
 # the tests that run a hub (root; make hub-deps first; .ci/run runs them as root): the attacks of a
 # hostile learner first (tests/test_workshop_attacks.py, their count printed), then a hub with

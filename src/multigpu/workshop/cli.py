@@ -279,7 +279,7 @@ def cmd_tls(args: argparse.Namespace) -> int:
 def cmd_load(args: argparse.Namespace) -> int:
     from multigpu.workshop import roomreport
 
-    return roomreport.main(args.learners, args.within, args.restart_hub, args.report)
+    return roomreport.main(args.learners, args.within, args.restart_hub, args.report, grading=not args.no_grading)
 
 
 def cmd_grade_job(args: argparse.Namespace) -> int:
@@ -360,6 +360,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--learners", type=int, default=30)
     p.add_argument("--within", type=float, default=60.0, help="seconds over which the logins are spread")
     p.add_argument("--restart-hub", action="store_true", help="restart the hub while the first submission is graded")
+    p.add_argument("--no-grading", action="store_true", help="logins, spawns and the check only (steps 1-3)")
     p.add_argument("--report", type=Path, default=Path("bench/hub-load"), help="report path, without suffix (.json, .md)")
     p.set_defaults(func=cmd_load)
     p = sub.add_parser("queue", help="the grading queue")

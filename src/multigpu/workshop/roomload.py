@@ -18,7 +18,9 @@ N real learner accounts and an instructor, who releases Lab 0. Then, the way a r
    job, after a restart two for the job it cut off), each learner's last grading is in the gradebook
    with full marks, and each learner's Fetch Feedback brings that grading's feedback home.
 
-The figures go to a JSON report and a Markdown table (``--report``); docs/workshop.md quotes them.
+``--no-grading`` stops after step 3 (logins, spawns and the check under the room's load, in minutes
+where the gradings of steps 4-6 take about an hour on 2 cores); its report says the gradings were
+not run. The figures go to a JSON report and a Markdown table (``--report``); docs/workshop.md quotes them.
 Why not Locust: the room's work is a script per learner (log in, wait for a spawn, run a cell over
 a websocket, submit, fetch feedback), not a request rate to sustain; Locust would add gevent and its
 own web UI to the hub's environment and measure requests per second, which is not the question.
@@ -135,6 +137,7 @@ class Room:
     within: float
     restart_hub: bool
     runs: dict[str, LearnerRun] = field(default_factory=dict)
+    grading: bool = True  # False: steps 1-3 alone (no fetch, no submission)
     learners: dict[str, Learner] = field(default_factory=dict)
     events: dict[str, Any] = field(default_factory=dict)
     go: threading.Event = field(default_factory=threading.Event)
@@ -183,6 +186,8 @@ class Room:
                 if out.status != "ok":
                     raise LearnerError(f"Lab 0's check failed: {out.error}")
             run.cell_s = round(time.monotonic() - start, 2)
+            if not self.grading:
+                return
             learner.assignment("fetch", ASSIGNMENT)
             fill_in(learner, answers)
             submit(learner, run)

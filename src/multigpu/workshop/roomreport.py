@@ -125,7 +125,9 @@ def markdown(r: dict[str, Any]) -> str:
         (f"wave 2: {r['learners']} submit at once, queue drained in", f"{r['drain_s']['wave2_s']} s "
          f"({r['drain_s']['wave2_per_job_s']} s a grading)"),
         ("hub restart during wave 1", str(ev.get("restart", "not asked"))),
-        ("every submission graded exactly once, feedback home", "yes" if g["ok"] else "NO: " + "; ".join(g["problems"][:5])),
+        ("every submission graded exactly once, feedback home", "not run (--no-grading): every learner ran the check"
+         if g["problems"][:1] == ["not run (--no-grading)"] and g["ok"] else
+         "yes" if g["ok"] else "NO: " + "; ".join(g["problems"][:5])),
     ]
     head = (f"# Room load test ({r['date']}, commit {r['commit']})\n\n{r['machine']}; load average before "
             f"{r['load_before']}, after {r['load_after']}; command: `{r['command']}`\n\n"
@@ -151,9 +153,11 @@ def write_report(report: dict[str, Any], path: Path) -> None:
     path.with_suffix(".md").write_text(markdown(report))
 
 
-def main(learners: int, within: float, restart_hub: bool, report: Path, tag: str | None = None) -> int:
+def main(learners: int, within: float, restart_hub: bool, report: Path, tag: str | None = None,
+         grading: bool = True) -> int:
     """``multigpu workshop load``: the whole test (see ``roomload``); 0 when every submission was
-    graded exactly once and no spawn failed. A run stopped part way (Ctrl-C, SIGTERM, a queue that
+    graded exactly once and no spawn failed (``grading`` False: steps 1-3, 0 when every learner's
+    server came up and ran the check). A run stopped part way (Ctrl-C, SIGTERM, a queue that
     does not drain) still writes what it measured, marked incomplete."""
     from multigpu.core import layout as course_layout
     from multigpu.workshop import scratch
@@ -171,13 +175,20 @@ def main(learners: int, within: float, restart_hub: bool, report: Path, tag: str
     try:
         with scratch.scratch_hub(tag, [*names, f"{tag}solo"]) as hub, keep_log(hub, report.with_suffix(".hub.log")):
             hub.release(roomload.ASSIGNMENT)
-            room = roomload.Room(hub, repo, within, restart_hub, runs={n: roomload.LearnerRun(n) for n in names})
+            room = roomload.Room(hub, repo, within, restart_hub, runs={n: roomload.LearnerRun(n) for n in names},
+                                 grading=grading)
             roomload.say("the scratch hub is up; one learner alone first")
             alone = room.alone(f"{tag}solo", cells)
             roomload.say(f"{learners} learners log in within {within:.0f} s, run Lab 0's check at one moment and submit")
             out["system"]["used_gb_before"] = memory.system_used_gb()
             room.storm(cells, answers)
             out["system"]["used_gb_idle"] = room.events.pop("used_gb_idle", None)
+            if not grading:
+                ran = [r for r in room.runs.values() if r.cell_s is not None]
+                out["graded_once"].update(ok=len(ran) == learners, problems=["not run (--no-grading)"] + [
+                    f"{r.name}: {r.error}" for r in room.runs.values() if r.error])
+                out["complete"] = True
+                return finish(out, room, alone, drains, report)
             submitted = sum(len(r.submitted) for r in room.runs.values())
             roomload.say(f"{submitted} submissions in; the grading queue drains one at a time")
             drains["wave1_s"] = room.drain(submitted, GRADING_BOUND_S * max(1, submitted) + 600)
@@ -191,13 +202,17 @@ def main(learners: int, within: float, restart_hub: bool, report: Path, tag: str
             home = feedback_home(room)
             out["graded_once"].update(problems=out["graded_once"]["problems"] + home, ok=out["graded_once"]["ok"] and not home)
             out["complete"] = True
-    except (LearnerError, RuntimeError, KeyboardInterrupt, SystemExit) as e:
+    except (Exception, KeyboardInterrupt, SystemExit) as e:  # every stop still writes what was measured
         out["stopped"] = f"{type(e).__name__}: {e}"
-    finally:
-        if room is not None:
-            out.update(roomload.summary(room, alone, drains))
-        out["load_after"] = roomload.load_average()
-        write_report(out, report)
+    return finish(out, room, alone, drains, report)
+
+
+def finish(out: dict[str, Any], room: Any, alone: dict[str, Any], drains: dict[str, Any], report: Path) -> int:
+    """Write the report (what was measured, however far the run came), print it; the exit status."""
+    if room is not None:
+        out.update(roomload.summary(room, alone, drains))
+    out["load_after"] = roomload.load_average()
+    write_report(out, report)
     print(markdown(out))
     print(f"report: {report.with_suffix('.md')} and {report.with_suffix('.json')}")
     return 0 if out["complete"] and out["graded_once"]["ok"] and not out["failed_spawns"] else 1
