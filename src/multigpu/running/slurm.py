@@ -20,6 +20,7 @@ in network namespaces: ``SlurmClient(prefix=["nsenter", "--net=/run/netns/mgt-ct
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from multigpu.running.environment import worker_env
-from multigpu.running.slurm_job import FORMS
+from multigpu.running.slurm_job import CHECK_TAG, FORMS
 from multigpu.running.supervisor import WorkerError, WorkerTimeout
 
 JOB_MODULE = "multigpu.running.slurm_job"
@@ -62,9 +63,10 @@ class SlurmClient:
             env: Mapping[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
         """Run one client (``run("squeue", "-j", "12")``); with ``check`` a failure raises
         :class:`WorkerError` with the client's own message."""
+        chosen = env if env is not None else self.env
         try:
             done = subprocess.run([*self.prefix, *argv], input=input, capture_output=True, text=True, timeout=timeout,
-                                  env=dict(env if env is not None else self.env) if (env or self.env) is not None else None)
+                                  env=dict(chosen) if chosen is not None else None)
         except FileNotFoundError:
             raise WorkerError(f"{argv[0]} not found: install Slurm's clients (make cluster-deps, as root on Debian)") from None
         except subprocess.TimeoutExpired:
@@ -206,3 +208,18 @@ def run_job(script: str, client: SlurmClient | None = None, *, output: str | Pat
         raise WorkerError(f"Slurm job {job_id} ended {job.state}: {job.meaning} (exit code {job.exit_code}). "
                           "Last output:\n" + "\n".join(job.output[-TAIL_LINES:]))
     return job
+
+
+def check_script(*, nodes: int, tasks_per_node: int, form: str = "horovod", output: str = "slurm-%j.out",
+                 python: str | None = None, time_limit: str = "00:05:00") -> str:
+    """A batch script whose every task all-reduces rank + 1 and prints where it ran
+    (``python -m multigpu.running.slurm_job check``): the first job to run on a new cluster."""
+    python = python or sys.executable
+    return batch_script([python, "-m", JOB_MODULE, "check", "--form", form], nodes=nodes, tasks_per_node=tasks_per_node,
+                        form=form, output=output, python=python, time_limit=time_limit, job_name=f"multigpu-check-{form}")
+
+
+def check_results(lines: Sequence[str]) -> list[dict]:
+    """What each rank of a :func:`check_script` job reported, by rank."""
+    found = [json.loads(line.split(CHECK_TAG, 1)[1]) for line in lines if CHECK_TAG in line]
+    return sorted(found, key=lambda seen: seen["rank"])
