@@ -63,7 +63,7 @@ def setup(instructor: str) -> int:
     accounts.ensure_service_user()
     made = course.setup(hub, instructor)
     disks.quota(lambda: disks.attach_exchange(hub), "the exchange")
-    for login in sorted(disks.learners()):  # after a reboot nothing is mounted
+    for login in sorted(accounts.members(layout.LEARNERS_GROUP)):  # after a reboot nothing is mounted
         disks.quota(lambda: disks.attach_home(login), f"{login}'s home")
     key = Path(os.environ.get("MULTIGPU_CERTIFICATE_KEY") or certificates.default_key_path())
     if not key.exists():

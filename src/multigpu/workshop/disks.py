@@ -28,7 +28,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from multigpu.workshop import layout
 from multigpu.workshop.layout import Hub
 
 LEARNER_MB, EXCHANGE_MB = 4096, 2048
@@ -135,11 +134,6 @@ def detach_home(login: str) -> None:
     home_image(login).unlink(missing_ok=True)
 
 
-def attach_learners(logins: set[str]) -> list[str]:
-    """Mount every learner's home that is not mounted (after a reboot); the logins mounted now."""
-    return [login for login in sorted(logins) if attach_home(login)]
-
-
 def exchange_image(hub: Hub) -> Path:
     return hub.state / "disks" / "exchange.img"
 
@@ -181,8 +175,3 @@ def quota(attach: Callable[[], bool], what: str) -> None:
     if why:
         print(f"warning: no disk quota for {what}: {why}", file=sys.stderr)
 
-
-def learners() -> set[str]:
-    from multigpu.workshop import accounts
-
-    return accounts.members(layout.LEARNERS_GROUP)
