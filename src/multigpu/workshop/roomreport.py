@@ -169,6 +169,7 @@ def main(learners: int, within: float, restart_hub: bool, report: Path, tag: str
     tag = tag or f"mgl{os.getpid() % 100000}"
     names = [f"{tag}{i:02d}" for i in range(1, learners + 1)]
     out = describe(repo, learners)
+    out["command"] += "" if grading else " --no-grading"
     drains: dict[str, Any] = {"wave1_s": None, "wave2_s": None, "wave2_per_job_s": None}
     alone: dict[str, Any] = {"ready_s": None, "cell_s": None, "idle_mb": None}
     room = None
