@@ -1072,11 +1072,17 @@ def segments_of(uid: int) -> list[str]:
 
 def test_15_shared_memory_and_system_v_segments_go_with_the_learners_server(hub):
     """A leaves a 64 MB System V segment and a 32 MB file in a world-writable folder of /dev/shm,
-    then A's server stops: nothing of it is left on the box, and B never saw the folder. (Before:
-    both outlived the server, make hub-stop and make hub-offboard, counted against no one.)"""
+    and a file in /run/lock (world-writable, on the box's disk), then A's server stops: nothing of
+    it is left on the box, and B never saw any of it. (Before: all of it outlived the server, make
+    hub-stop and make hub-offboard, counted against no one; the red-team pass of 2026-11-28 planted
+    a file in /run/lock that another learner read.)"""
     a, b = learners(hub)
     uid = pwd.getpwnam(a).pw_uid
-    folder = Path(f"/dev/shm/open-to-all-{a}")
+    folder, lock = Path(f"/dev/shm/open-to-all-{a}"), Path(f"/run/lock/planted-by-{a}")
+    in_kernel(hub, a, f"open({str(lock)!r}, 'w').write('x' * 2**20)")
+    assert not lock.exists(), "A's /run/lock is the box's"
+    seen = json.loads(in_kernel(hub, b, "import os, json; print(json.dumps(os.listdir('/run/lock')))").strip())
+    assert lock.name not in seen, "B sees what A left in /run/lock"
     made = json.loads(in_kernel(hub, a, SHARED_MEMORY).strip().splitlines()[-1])
     assert made["segment"] >= 0 and folder.name in made["listing"]
     assert not folder.exists(), "A's /dev/shm is the box's"

@@ -32,10 +32,10 @@ say() { printf '[hub-deps %4ss] %s\n' "$(( $(date +%s) - started ))" "$*"; }
 fail() { printf '[hub-deps] ERROR: %s\n' "$*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || fail "run as root (it installs system packages and creates $prefix): make hub-deps as root"
-# every learner's server has its own empty /tmp, /var/tmp and /dev/shm (workshop.layout.PRIVATE_FOLDERS,
+# every learner's server has its own empty /tmp, /var/tmp, /dev/shm and /run/lock (workshop.layout.PRIVATE_FOLDERS,
 # mounted by workshop.namespaces): the editable course installed from a checkout there would be
 # missing in every server
-for private in /tmp /var/tmp /dev/shm; do
+for private in /tmp /var/tmp /dev/shm /run/lock; do
   case "$course/" in "$private"/*) fail "the course's checkout $course lies in $private, which every learner's server sees as an empty folder of its own: clone the course elsewhere" ;; esac
 done
 

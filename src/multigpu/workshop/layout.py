@@ -41,7 +41,7 @@ INSTRUCTOR = "instructor"
 HUB_INTERNAL_PORT, PROXY_API_PORT, GRADING_PORT = 881, 882, 883
 #: The box's folders every account may write into: each learner's server sees its own, empty
 #: (``namespaces``), so nothing of the hub may live under them.
-PRIVATE_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp")
+PRIVATE_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp", "/run/lock")
 
 
 def lab_assignment(notebook: str) -> str:
