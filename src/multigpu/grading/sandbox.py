@@ -69,13 +69,15 @@ def run_as(user: str | None = None) -> pwd.struct_passwd | None:
     return pwd.getpwnam(user or os.environ.get("MULTIGPU_SANDBOX_USER") or SANDBOX_USER)
 
 
-#: keyctl(2) and its arguments that empty a keyring (x86_64's system call numbers).
-SYS_KEYCTL, KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = 250, 7, -4, -5
+#: keyctl(2) and its arguments that find and empty a keyring (x86_64's system call numbers).
+SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR, KEYCTL_GET_PERSISTENT = 250, 1, 7, 22
+KEY_SPEC_SESSION_KEYRING, KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -3, -4, -5
 
 
 def clear_keyrings(user: str | None = None) -> bool:
-    """Empty the sandbox account's kernel keyrings (its user and user-session keyrings outlive
-    every process of the account: a run could leave data there for the next grading to read).
+    """Empty the sandbox account's kernel keyrings (its persistent, user and user-session keyrings
+    outlive every process of the account: a run could leave data there for the next grading to
+    read; a kernel without persistent keyrings has only the other two).
     As root, in a child that becomes the account; whether both were emptied (False where this
     process is not root or the kernel has no keyrings)."""
     import ctypes
@@ -90,8 +92,12 @@ def clear_keyrings(user: str | None = None) -> bool:
             os.setgid(account.pw_gid)
             os.setuid(account.pw_uid)
             libc = ctypes.CDLL(None, use_errno=True)
-            ok = all(libc.syscall(SYS_KEYCTL, KEYCTL_CLEAR, ring) == 0
-                     for ring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING))
+            # a session keyring of its own, into which the persistent one is linked: possessed, it may be cleared
+            libc.syscall(SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING, None)
+            persistent = libc.syscall(SYS_KEYCTL, KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_SESSION_KEYRING)
+            ok = persistent < 0 or libc.syscall(SYS_KEYCTL, KEYCTL_CLEAR, persistent) == 0
+            ok = all([ok, *(libc.syscall(SYS_KEYCTL, KEYCTL_CLEAR, ring) == 0
+                            for ring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING))])
             os._exit(0 if ok else 1)
         except BaseException:
             os._exit(1)
