@@ -267,6 +267,28 @@ def copies_found_while_readable(tmp_path, repo):
     assert not preflight.readable_by_learners(clone / "solutions")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder at the top of the file system")
+def test_hub_check_finds_a_readable_copy_in_a_folder_at_the_top_of_the_file_system():
+    """A copy in /work, /data, /mnt or any folder of the file system's top that is not the system's
+    (a red-team pass read the reference solution from /work/...: the check looked at a fixed list)."""
+    import shutil
+
+    from conftest import REPO
+
+    top = Path(f"/multigpu-copy-{os.getpid()}")
+    clone = top / "team" / "course"
+    try:
+        (clone / "solutions" / "assessments").mkdir(parents=True)
+        shutil.copy(REPO / "nbgrader_config.py", clone)
+        (clone / "solutions" / "assessments" / "train.py").write_text("the reference\n")
+        for p in (top, top / "team", clone, clone / "solutions"):
+            p.chmod(0o755)
+        (check,) = preflight.other_checkouts()
+        assert check.state == "FAIL" and str(clone) in check.detail, check
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def test_hub_check_warns_of_ways_to_start_processes_outside_a_servers_namespaces():
     assert preflight.outside_doors(set())[0].state == "OK"
     warned = preflight.outside_doors({"sshd", "cron", "python3"})[0]

@@ -116,9 +116,12 @@ def learner_namespaces() -> Check:
                  "privileged container")
 
 
-#: Where other copies of the course are usually kept (every home folder too, and
-#: ``MULTIGPU_EXTRA_CHECKOUTS``, a list of folders separated by ``:``), and how deep to look.
-CHECKOUT_ROOTS = (Path("/srv"), Path("/opt"), Path("/tmp"), Path("/var/tmp"), Path("/root"), Path("/usr/local"))
+#: Where other copies of the course may be kept: every folder at the top of the file system but the
+#: system's own (:data:`SYSTEM_TOP`), these below them, every home folder, and
+#: ``MULTIGPU_EXTRA_CHECKOUTS`` (folders separated by ``:``); and how deep to look.
+SYSTEM_TOP = {"proc", "sys", "dev", "run", "boot", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc",
+              "var", "lost+found", "snap", "home"}
+CHECKOUT_ROOTS = (Path("/usr/local"), Path("/var/tmp"), Path("/var/www"), Path("/var/opt"))
 CHECKOUT_DEPTH = 4
 #: Folders looked at in all, at most (a home full of files must not stall the check).
 CHECKOUT_VISITS = 50_000
@@ -179,7 +182,8 @@ def other_checkouts() -> list[Check]:
 
     homes = sorted({Path(u.pw_dir) for u in pwd.getpwall() if u.pw_dir not in ("", "/")})
     extra = [Path(p) for p in os.environ.get("MULTIGPU_EXTRA_CHECKOUTS", "").split(":") if p]
-    roots = [*homes, *CHECKOUT_ROOTS, *extra]
+    top = sorted(e for e in Path("/").iterdir() if e.name not in SYSTEM_TOP and e.is_dir() and not e.is_symlink())
+    roots = [*homes, *CHECKOUT_ROOTS, *top, *extra]
     # a clone's .git holds the solutions too, whatever the mode of its solutions/
     open_ = [c for c in course_copies(roots)
              if readable_by_learners(c / "solutions") or ((c / ".git").exists() and readable_by_learners(c / ".git"))]
@@ -187,7 +191,7 @@ def other_checkouts() -> list[Check]:
         return [Check("other copies", "FAIL", "learners can read the solutions of the course copies at "
                       + ", ".join(map(str, open_)) + ": chmod 700 the copy (its solutions/ and its .git) or remove it")]
     return [Check("other copies", "OK", "no copy of the course with solutions learners can read under the homes, "
-                  + ", ".join(str(r) for r in (*CHECKOUT_ROOTS, *extra)))]
+                  + ", ".join(str(r) for r in (*CHECKOUT_ROOTS, *top, *extra)))]
 
 
 #: Services through which an account starts processes outside its server's namespaces.
