@@ -1176,17 +1176,20 @@ def test_16_no_learner_takes_the_route_of_a_server_that_died_while_the_hub_was_d
 
 FILL = """
 import errno, json, os
-written, err = 0, None
-try:
-    with open({path!r}, "wb") as f:
-        while written < {most}:
-            f.write(b"\\1" * 2**20)
-            f.flush()
-            os.fsync(f.fileno())
-            written += 1
-except OSError as e:
-    err = errno.errorcode.get(e.errno, str(e.errno))
-print(json.dumps({{"written_mb": written, "error": err}}))
+written, err, chunk = 0, None, 2**20
+fd = os.open({path!r}, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+while written < {most} * 2**20:
+    try:
+        written += os.write(fd, b"\\1" * chunk)
+        os.fsync(fd)
+    except OSError as e:
+        if chunk > 4096:  # the last blocks, 4 KB at a time: the disk is full, not nearly
+            chunk //= 16
+            continue
+        err = errno.errorcode.get(e.errno, str(e.errno))
+        break
+os.close(fd)
+print(json.dumps({{"written_mb": written // 2**20, "error": err}}))
 """
 
 
@@ -1222,5 +1225,9 @@ def test_17_a_learner_who_fills_their_home_or_the_exchange_stops_at_its_quota(hu
         out = learner_python(hub, a, FILL.format(path=str(junk), most=2 * EXCHANGE_DISK_MB)).stdout
         filled = json.loads(out.strip().splitlines()[-1])
         assert filled["error"] == "ENOSPC" and filled["written_mb"] <= EXCHANGE_DISK_MB, filled
+        before = set(os.listdir(hub.hub.inbound))
+        refused = hub.as_user(b, str(Path(hub.python).parent / "nbgrader"), "submit", "lab-00", check=False)
+        assert refused.returncode != 0 and "exchange is full" in refused.stdout + refused.stderr, refused
+        assert set(os.listdir(hub.hub.inbound)) == before, "a half-copied submission was left to grade"
     finally:
         junk.unlink(missing_ok=True)

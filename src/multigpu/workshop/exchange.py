@@ -1,6 +1,9 @@
 """nbgrader's submit for the hub's learners (``ExchangeFactory.submit`` in their nbgrader config):
 the submission's folder in the exchange is the learner's alone from the moment it exists.
 
+A full exchange (its disk quota, ``disks``) refuses the submission with a message that says so,
+and leaves no half-copied folder to grade.
+
 nbgrader makes it world-writable (777, so that an instructor may delete it); then anyone who
 learns its name can read and replace the learner's work before it is graded. On the hub nobody
 else needs it: the grading service copies it as root when it arrives (:mod:`submissions`), and
@@ -9,6 +12,7 @@ closes it too, for a learner who submits another way.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -40,7 +44,16 @@ class PrivateSubmit(ExchangeSubmit):
                         fh.write(text)
                 self.set_perms(staged, fileperms=0o600, dirperms=0o700)
                 os.mkdir(dest, 0o700)
-                shutil.copytree(staged, dest, dirs_exist_ok=True)
+                try:
+                    shutil.copytree(staged, dest, dirs_exist_ok=True)
+                except OSError as e:  # shutil.Error (an OSError) gathers each file's error as text
+                    if e.errno not in (errno.ENOSPC, errno.EDQUOT) and not any(
+                            os.strerror(n) in str(e) for n in (errno.ENOSPC, errno.EDQUOT)):
+                        raise
+                    shutil.rmtree(dest, ignore_errors=True)  # half a submission is none: nothing to grade
+                    self.fail("the course's exchange is full (no space left on its disk): your submission was NOT "
+                              "sent, and your work is safe in your home folder. Tell your instructor, who can free the "
+                              "exchange (docs/workshop.md, disk quotas), then submit again.")
                 os.makedirs(self.cache_path, exist_ok=True)
                 shutil.copytree(staged, cache)
         finally:
