@@ -145,6 +145,7 @@ def keep_log(hub: Any, path: Path) -> Iterator[None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         if hub.log.exists():
             shutil.copyfile(hub.log, path)
+            os.chmod(path, 0o600)  # the hub's log holds learners' xsrf values
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:

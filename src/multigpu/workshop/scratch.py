@@ -79,6 +79,8 @@ class ScratchHub:
 
         from multigpu.running import launch
 
+        os.close(os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))  # root's alone: it logs xsrf values
+        os.chmod(self.log, 0o600)
         self.proc = launch.start(["sh", "-c", f'exec "$0" -m multigpu.cli workshop hub --instructor {self.instructor} '
                                   f'>>"{self.log}" 2>&1', self.python], env=self.env, capture=False)
         deadline = time.monotonic() + timeout
