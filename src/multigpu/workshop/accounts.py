@@ -22,6 +22,7 @@ import subprocess
 from pathlib import Path
 
 from multigpu.workshop import layout
+from multigpu.workshop.layout import SYSTEM_PATH
 
 #: Login names useradd accepts everywhere (Debian's default NAME_REGEX, lower case).
 LOGIN = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
@@ -33,8 +34,6 @@ class AccountError(RuntimeError):
     """An account cannot be made or removed; the message says why and what to do."""
 
 
-#: Where the account tools live (a hub's PATH may leave out the sbin folders).
-SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def _run(argv: list[str], stdin: str | None = None) -> None:

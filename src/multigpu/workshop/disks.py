@@ -28,11 +28,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from multigpu.workshop.layout import Hub
+from multigpu.workshop.layout import SYSTEM_PATH, Hub
 
 LEARNER_MB, EXCHANGE_MB = 4096, 2048
 MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
-SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class DiskError(RuntimeError):

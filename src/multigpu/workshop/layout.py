@@ -39,6 +39,8 @@ INSTRUCTOR = "instructor"
 #: and a learner's process listening on one meanwhile would answer on the hub's origin (a login
 #: page of its own, its script) and be sent the proxy's token.
 HUB_INTERNAL_PORT, PROXY_API_PORT, GRADING_PORT = 881, 882, 883
+#: Where the system's tools live (a hub's PATH may leave out the sbin folders).
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 #: The box's folders every account may write into: each learner's server sees its own, empty
 #: (``namespaces``), so nothing of the hub may live under them.
 PRIVATE_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp", "/run/lock")
