@@ -22,7 +22,8 @@ Settings come from the environment ``make hub`` passes (every one has a default)
 ``MULTIGPU_HUB_INTERNAL_PORT``, ``MULTIGPU_PROXY_API_PORT``, ``MULTIGPU_GRADING_PORT``,
 ``MULTIGPU_HUB_INSTRUCTORS`` (comma-separated logins), ``MULTIGPU_GRADING_CORES`` (cores kept for
 grading), ``MULTIGPU_LEARNER_CPUS``, ``MULTIGPU_LEARNER_MEM_GB`` and ``MULTIGPU_LEARNER_PIDS`` (each
-learner server's share), ``MULTIGPU_GRADING_PIDS`` and ``MULTIGPU_GRADING_MEM_GB`` (a grading's),
+learner server's share), ``MULTIGPU_GRADING_PIDS``, ``MULTIGPU_GRADING_MEM_GB`` and
+``MULTIGPU_GRADING_DISK_MB`` (a grading's),
 ``MULTIGPU_HUB_TLS_CERT``/``_KEY`` (HTTPS), ``MULTIGPU_CULL_TIMEOUT``/``_EVERY`` (seconds; timeout 0:
 no culler), ``MULTIGPU_SPAWN_LIMIT`` (servers starting at once), ``MULTIGPU_HUB_URL`` (the address
 learners and certificate verifiers use, when it is not ``http(s)://IP:PORT``).
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.core import layout as course_layout
-from multigpu.workshop import jobs, layout, limits, proxy, spawnqueue
+from multigpu.workshop import accesslog, jobs, layout, limits, proxy, spawnqueue
 from multigpu.workshop.layout import Hub
 
 try:
@@ -56,7 +57,7 @@ LEARNER_PIDS = 1024
 SERVICE_VARS = ("MULTIGPU_GRADING_PROFILE", "MULTIGPU_QUICK", "MULTIGPU_QUEUE_LIMIT", "MULTIGPU_GRADING_TIMEOUT",
                 "MULTIGPU_GRADING_NOTEBOOK_S",
                 "MULTIGPU_CERTIFICATE_KEY", "MULTIGPU_GRADING_PIDS", "MULTIGPU_GRADING_MEM_GB", "MULTIGPU_GRADING_JOB_MEM_GB",
-                "MULTIGPU_SANDBOX_USER",
+                "MULTIGPU_SANDBOX_USER", "MULTIGPU_GRADING_DISK_MB",
                 "PATH")
 #: The idle culler's defaults: a server nobody used for an hour (no open tab, no busy kernel) is
 #: stopped, checked every 5 minutes; the learner's files stay, a new login starts it again.
@@ -153,7 +154,7 @@ class WorkshopSpawner(LocalProcessSpawner):
             from jupyterhub.utils import random_port
 
             self.port = random_port()
-        self.cmd = server_command(self.user.name, self.port, self.cmd)
+        self.cmd = server_command(self.user.name, self.port, self.cmd, None if self.is_instructor() else hub)
         learner_cores, grading_cores = cores()
         queue = spawnqueue.queue(len(set(learner_cores) | set(grading_cores)))
         await queue.enter(self.user.name)
@@ -191,16 +192,19 @@ class WorkshopSpawner(LocalProcessSpawner):
         return confine
 
 
-def server_command(name: str, port: int, cmd: list[str]) -> list[str]:
+def server_command(name: str, port: int, cmd: list[str], learners_hub: Hub | None = None) -> list[str]:
     """A user's server command, run as that user in namespaces of their own (``namespaces``): the
     proxy reaches it at ``127.0.0.1:port`` and it reaches the hub's API; nothing else crosses.
-    Its shared memory is bounded by a learner's memory share."""
+    Its shared memory is bounded by a learner's memory share; a learner's (``learners_hub``) sees
+    that hub's exchange read-only, its inbound folder their own (``inbound``)."""
     if "multigpu.workshop.namespaces" in cmd:
         return cmd  # already wrapped (a restart of the same spawner)
     hub_port = internal_ports()["MULTIGPU_HUB_INTERNAL_PORT"]
     shm = int(float(os.environ.get("MULTIGPU_LEARNER_MEM_GB") or LEARNER_MEM_GB) * 2**30)
     return [sys.executable, "-I", "-m", "multigpu.workshop.namespaces", "--user", name, "--port", str(port),
-            "--relay", str(hub_port), "--shm-bytes", str(shm), "--", *cmd]
+            "--relay", str(hub_port), "--shm-bytes", str(shm),
+            *(["--exchange", str(learners_hub.exchange), "--inbound", str(learners_hub.inbound)] if learners_hub else []),
+            "--", *cmd]
 
 
 def tls_files() -> tuple[str, str] | None:
@@ -279,6 +283,8 @@ def configure(c: Any) -> None:
     c.JupyterHub.cleanup_proxy = False
     # a room logging in at once waits in ``spawnqueue`` (JupyterHub's own limit would refuse them)
     c.JupyterHub.concurrent_spawn_limit = 0
+    # anyone who reaches the hub chooses how many requests it logs, and how long their URLs are
+    c.JupyterHub.tornado_settings = {"log_function": accesslog.for_the_hub()}
 
     c.JupyterHub.authenticator_class = "pam"
     c.PAMAuthenticator.allowed_groups = {layout.LEARNERS_GROUP, layout.INSTRUCTORS_GROUP}

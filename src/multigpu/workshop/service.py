@@ -2,7 +2,7 @@
 ``python -m multigpu.workshop.service``).
 
 Every few seconds it looks for new submissions in nbgrader's exchange (the file exchange's
-inbound folder on one box, each entry checked on its own and the submission copied as it
+inbound folder on one box and each learner's own, :mod:`inbound`, each entry checked on its own and the submission copied as it
 arrived: :mod:`submissions`; ngshare on Kubernetes, :mod:`ngshare`) and records each one in the
 queue on disk (:mod:`jobs`); one at a time, learners in turn, it grades a job in a child process
 pinned to the cores kept for grading, in a control group of its own whose leftovers are killed
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from multigpu.workshop import accounts, issuer, jobs, layout, limits, ngshare, safefiles, submissions
+from multigpu.workshop import accesslog, accounts, inbound, issuer, jobs, layout, limits, ngshare, safefiles, submissions
 from multigpu.workshop.layout import Hub
 
 SCAN_S = 2.0
@@ -70,21 +70,30 @@ def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
     if not hub.inbound.is_dir():
         return []
     assignments = submissions.released(hub)
-    with safefiles.opened(os.open(hub.inbound, safefiles.DIR_FLAGS)) as inbound:
-        arrivals = []
-        with os.scandir(inbound) as entries:
-            names = submissions.pick(entries, seen)
-        for name in names:
-            try:
-                arrival, fd = submissions.check(inbound, name, assignments)
-            except submissions.NotASubmission as e:
-                not_a_submission(queue, inbound, name, str(e), seen)
-                continue
-            if submissions.settled(fd, time.time()):
-                arrivals.append((arrival, fd))
-            else:  # still being written: the next scan looks again
-                os.close(fd)
-        return take_arrivals(hub, queue, arrivals, seen)
+    arrivals: list[tuple[submissions.Arrival, int]] = []
+    for _login, folder in [("", os.open(hub.inbound, safefiles.DIR_FLAGS)), *inbound.learners_folders()]:
+        with safefiles.opened(folder):
+            arrivals += arrivals_in(queue, folder, assignments, seen)
+    return take_arrivals(hub, queue, arrivals, seen)
+
+
+def arrivals_in(queue: jobs.Queue, folder: int, assignments: set[str],
+                seen: set[str]) -> list[tuple[submissions.Arrival, int]]:
+    """The settled new submissions of one inbound folder (the box's, or a learner's own: :mod:`inbound`)."""
+    arrivals = []
+    with os.scandir(folder) as entries:
+        names = submissions.pick(entries, seen)
+    for name in names:
+        try:
+            arrival, fd = submissions.check(folder, name, assignments)
+        except submissions.NotASubmission as e:
+            not_a_submission(queue, folder, name, str(e), seen)
+            continue
+        if submissions.settled(fd, time.time()):
+            arrivals.append((arrival, fd))
+        else:  # still being written: the next scan looks again
+            os.close(fd)
+    return arrivals
 
 
 def not_a_submission(queue: jobs.Queue, inbound: int, name: str, why: str, seen: set[str]) -> None:
@@ -174,6 +183,7 @@ def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADI
     finally:
         RUNNING.pop(job.id, None)
         limits.release(group)
+        limits.release(f"autograde-{hub.tag}")  # an autograde step's own group, when the job was killed in it
     after = queue.get(job.id)
     if after is not None and after.state == "running" and not STOPPING.is_set():
         code = result.returncodes[0]
@@ -332,7 +342,7 @@ def make_app(hub: Hub, queue: jobs.Queue) -> Any:
         (prefix + r"files/(\d+)/(feedback|certificate)/([^/]+)", File),
         (prefix + "oauth_callback", HubOAuthCallbackHandler),
         *issuer.handlers(hub, prefix),
-    ], cookie_secret=os.urandom(32))
+    ], cookie_secret=os.urandom(32), log_function=accesslog.BoundedLog())
 
 
 def halt(signum: int) -> None:

@@ -1,0 +1,130 @@
+"""The hub's and the grading service's request log (multigpu.workshop.accesslog) on a real tornado
+server: a flood of long-URL 404s adds a bounded number of short lines, no query (tokens) is ever
+written, and the log says how many requests it left out."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+
+from tornado import httpclient, httpserver, web
+
+from multigpu.workshop import accesslog
+
+
+class Hello(web.RequestHandler):
+    def get(self) -> None:
+        self.write("hello")
+
+
+def flood(log: accesslog.BoundedLog, paths: list[str]) -> list[int]:
+    """Serve an app that logs through ``log`` on a free loopback port and request every path of
+    ``paths`` from it (ten at a time); the answers' status codes."""
+
+    async def run() -> list[int]:
+        app = web.Application([(r"/hello", Hello)], log_function=log)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        sock.setblocking(False)
+        server = httpserver.HTTPServer(app)
+        server.add_sockets([sock])
+        port = sock.getsockname()[1]
+        client = httpclient.AsyncHTTPClient(force_instance=True, max_clients=10)
+        try:
+            answers = await asyncio.gather(*[client.fetch(f"http://127.0.0.1:{port}{p}", raise_error=False)
+                                             for p in paths])
+        finally:
+            client.close()
+            server.stop()
+        return [a.code for a in answers]
+
+    return asyncio.run(run())
+
+
+def test_a_flood_of_long_urls_writes_a_bounded_number_of_short_lines_and_says_what_it_left_out(caplog):
+    caplog.set_level(logging.DEBUG, logger="tornado.access")
+    log = accesslog.BoundedLog(rate=5.0, burst=20.0)
+    long = "/x" + "y" * 8000
+    codes = flood(log, [f"{long}{i}?token=SECRET{i}" for i in range(300)] + ["/hello?token=SECRET"])
+    assert codes == [404] * 300 + [200]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tornado.access"]
+    written = sum(len(line) + 1 for line in lines)
+    # 301 requests of 8 KB each: a plain log would hold 2.4 MB; this one holds the burst and the rate
+    assert len(lines) <= 20 + 5 * 30 + 10, len(lines)
+    assert written < 300 * len(lines) and written < 60_000, written
+    assert all(len(line) < 350 for line in lines), max(lines, key=len)
+    assert not [line for line in lines if "SECRET" in line], "a query (where tokens travel) was logged"
+    assert any("were not logged (more than 5 a second)" in line for line in lines) or len(lines) == 301
+    first = lines[0]
+    assert re.fullmatch(r"404 GET /xy{198}\.\.\.\(800[3-5] chars\)\?\.\.\. \(@127\.0\.0\.1\) [0-9.]+ms", first), first
+
+
+def test_within_its_rate_every_request_is_logged_at_jupyterhubs_levels(caplog):
+    caplog.set_level(logging.DEBUG, logger="tornado.access")
+    seen: list[int] = []
+    log = accesslog.BoundedLog(rate=1000.0, burst=1000.0, also=lambda h: seen.append(h.get_status()))
+    assert flood(log, ["/hello", "/nothing", "/hello"]) == [200, 404, 200]
+    records = [(r.levelno, r.getMessage().split()[0]) for r in caplog.records if r.name == "tornado.access"]
+    assert sorted(records) == [(logging.INFO, "200"), (logging.INFO, "200"), (logging.WARNING, "404")]
+    assert sorted(seen) == [200, 200, 404], "the metrics hook missed a request"
+    assert not [r for r in caplog.records if "not logged" in r.getMessage()]
+
+
+def test_the_bucket_refills_at_its_rate():
+    now = [0.0]
+    lines: list[str] = []
+
+    class Log(logging.Logger):
+        def log(self, level, msg, *args, **kwargs):
+            lines.append(msg % args if args else msg)
+
+        def warning(self, msg, *args, **kwargs):
+            lines.append(msg % args)
+
+    class Request:
+        path, query, method, remote_ip = "/p", "", "GET", "10.0.0.1"
+
+        def request_time(self) -> float:
+            return 0.001
+
+    class Handler:
+        request = Request()
+        current_user = None
+
+        def get_status(self) -> int:
+            return 404
+
+    log = accesslog.BoundedLog(rate=2.0, burst=3.0, clock=lambda: now[0], log=Log("t"))
+    for _ in range(10):
+        log(Handler())
+    assert len(lines) == 3
+    now[0] = 1.0  # two tokens back
+    for _ in range(10):
+        log(Handler())
+    assert len(lines) == 3 + 1 + 2 and lines[3] == "7 requests in the last 1.0 s were not logged (more than 2 a second)", lines
+
+
+def test_the_hubs_own_lines_lose_the_xsrf_values_and_pass_at_their_rate():
+    now = [0.0]
+    bounded = accesslog.BoundedRecords(rate=2.0, burst=3.0, clock=lambda: now[0])
+    log = logging.getLogger("multigpu-test-bounded-records")
+    log.propagate = False
+    kept: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            kept.append(record.getMessage())
+
+    log.addHandler(Keep())
+    log.addFilter(bounded)
+    log.setLevel(logging.INFO)
+    log.info("Setting new xsrf cookie for b'None:secret' {'path': '/hub/'}")
+    for i in range(10):
+        log.warning("Failed login for %s", f"x{i}")
+    now[0] = 1.0
+    log.warning("Failed login for %s", "y")
+    assert kept == ["Failed login for x0", "Failed login for x1", "Failed login for x2",
+                    "[7 log lines in the last 1.0 s were not logged (more than 2 a second)] Failed login for y"], kept
