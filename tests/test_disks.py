@@ -76,3 +76,54 @@ def test_sizes_come_from_the_environment_and_nonsense_is_refused(monkeypatch):
         monkeypatch.setenv("MULTIGPU_EXCHANGE_DISK_MB", bad)
         with pytest.raises(disks.DiskError, match="MULTIGPU_EXCHANGE_DISK_MB"):
             disks.exchange_mb()
+
+
+def test_a_gradings_folder_is_a_file_system_of_its_own_while_it_runs_and_nothing_of_it_stays(tmp_path, monkeypatch):
+    """``grading_space``: the job's folder is root's, group the grading account's, 710, on an image of
+    MULTIGPU_GRADING_DISK_MB; writing in it meets ENOSPC there (its reserve is 0: root's writes
+    stop there too); a killed grading's leftovers of the same job are removed first, and the
+    folder, its mount and its image are gone after."""
+    import pwd
+
+    monkeypatch.setenv("MULTIGPU_GRADING_DISK_MB", "24")
+    hub = types.SimpleNamespace(scratch=tmp_path / "scratch", state=tmp_path / "state")
+    hub.scratch.mkdir()
+    (hub.scratch / "job-7").mkdir()
+    (hub.scratch / "job-7" / "left-by-a-killed-run").write_text("x")
+    nobody = pwd.getpwnam("nobody")
+    said: list[str] = []
+    with disks.grading_space(hub, 7, nobody.pw_gid, said.append) as space:
+        assert space == hub.scratch / "job-7" and os.path.ismount(space) and said == []
+        st = space.stat()
+        assert (st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)) == (0, nobody.pw_gid, "0o710")
+        assert os.listdir(space) == [], "a killed grading's files were kept"
+        written, err = fill(space / "official.bin", 64)
+        assert err == errno.ENOSPC and 16 <= written <= 24, (written, err)
+    assert not hub.scratch.joinpath("job-7").exists() and not disks.grading_image(hub, 7).exists()
+    mounts = Path("/proc/self/mounts").read_text()
+    assert str(hub.scratch) not in mounts
+
+
+def test_without_loop_devices_a_gradings_folder_is_a_plain_one_and_the_log_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(disks, "unavailable", lambda: "no /dev/loop-control (a container without loop devices)")
+    hub = types.SimpleNamespace(scratch=tmp_path / "scratch", state=tmp_path / "state")
+    hub.scratch.mkdir()
+    said: list[str] = []
+    with disks.grading_space(hub, 3, 0, said.append) as space:
+        assert space.is_dir() and not os.path.ismount(space) and oct(space.stat().st_mode & 0o7777) == "0o710"
+        (space / "x").write_text("x")
+    assert said == ["warning: this grading's folder has no size bound (no /dev/loop-control (a container without "
+                    "loop devices))"]
+    assert not space.exists()
+
+
+def test_a_grading_that_failed_in_a_full_folder_says_so_first(tmp_path):
+    folder, image = tmp_path / "job-1", tmp_path / "job-1.img"
+    folder.mkdir()
+    try:
+        disks.attach(image, folder, 16, (0, 0), 0o710, journal=False)
+        assert disks.when_full(folder) == ""
+        assert fill(folder / "big.bin", 64)[1] == errno.ENOSPC
+        assert disks.when_full(folder).startswith("the grading's folder is full (1")
+    finally:
+        disks.detach(folder)

@@ -40,7 +40,7 @@ GRADE_S = 900  # a Lab 0 grading on the busy 2-core machine, with one or two ahe
 #: the hub's limits, small enough to reach on purpose (the learner servers' and the grading's)
 LEARNER_PIDS, GRADING_PIDS, GRADING_MEM_GB = 160, 320, 3
 #: the quotas of a learner's home and of the exchange, MB (small enough to fill in seconds)
-LEARNER_DISK_MB, EXCHANGE_DISK_MB = 160, 160
+LEARNER_DISK_MB, EXCHANGE_DISK_MB, GRADING_DISK_MB = 160, 160, 160
 SOLUTION_MARK = "### BEGIN SOLUTION"
 
 
@@ -140,7 +140,8 @@ def hub():
     tag = f"mga{os.getpid() % 100000}"
     with running_hub(tag, MULTIGPU_LEARNER_PIDS=str(LEARNER_PIDS), MULTIGPU_GRADING_PIDS=str(GRADING_PIDS),
                      MULTIGPU_GRADING_MEM_GB=str(GRADING_MEM_GB), MULTIGPU_LEARNER_DISK_MB=str(LEARNER_DISK_MB),
-                     MULTIGPU_EXCHANGE_DISK_MB=str(EXCHANGE_DISK_MB)) as h:
+                     MULTIGPU_EXCHANGE_DISK_MB=str(EXCHANGE_DISK_MB),
+                     MULTIGPU_GRADING_DISK_MB=str(GRADING_DISK_MB)) as h:
         course = h.hub.course
         h.nbgrader(h.instructor, "generate_assignment", "lab-00", "--force", cwd=course)
         h.nbgrader(h.instructor, "release_assignment", "lab-00", cwd=course)
@@ -1231,3 +1232,118 @@ def test_17_a_learner_who_fills_their_home_or_the_exchange_stops_at_its_quota(hu
         assert set(os.listdir(hub.hub.inbound)) == before, "a half-copied submission was left to grade"
     finally:
         junk.unlink(missing_ok=True)
+
+
+#: From a learner's kernel: write into the exchange (read-only there), then fill the inbound folder
+#: as the kernel sees it (the learner's own, in their home).
+EXCHANGE_PROBE = """
+import errno, json, os
+said = {{}}
+for name, path in (("root", {exchange!r} + "/x.bin"), ("course", {course!r} + "/x.bin")):
+    try:
+        with open(path, "wb") as f:
+            f.write(b"x" * 2**22)
+        said[name] = "written"
+    except OSError as e:
+        said[name] = errno.errorcode.get(e.errno, str(e.errno))
+print(json.dumps(said))
+"""
+#: nbgrader submit from a learner's kernel, as the Assignments tab runs it in their server.
+SUBMIT = """
+import os, subprocess, sys
+p = subprocess.run([sys.executable, "-m", "nbgrader", "submit", "lab-00"], cwd=os.path.expanduser("~"),
+                   capture_output=True, text=True)
+print(p.returncode, p.stdout[-500:], p.stderr[-1500:])
+"""
+#: A Lab 0 cell that fills the folder the grading runs it in (the grading's own disk), then
+#: removes what it wrote so that the grading goes on.
+FILL_GRADING = FILL.replace("{path!r}", "os.path.abspath('fill.bin')") + "os.remove('fill.bin')\n"
+
+
+def test_17_from_their_server_a_learner_fills_only_their_own_inbound_and_a_grading_only_its_own_disk(hub):
+    """From A's kernel: the exchange is read-only (its root a 1 MB tmpfs of A's server's own), and
+    nbgrader's inbound folder there is A's own, in A's home: filling it stops at A's quota while the exchange's disk takes nothing. B then
+    submits from B's kernel (nbgrader submit, as the Assignments tab does), the service finds the
+    submission in B's inbound folder and grades it; B's notebook fills the folder the grading runs
+    it in, and stops at the grading's own disk (MULTIGPU_GRADING_DISK_MB), not the box's. After the
+    grading no image or mount of it is left. (Before: one learner's file filled the exchange, and
+    every learner's Submit failed until the instructor removed it; a grading's notebook or train.py
+    wrote on the box's disk without a bound.)"""
+    a, b = learners(hub)
+    exchange_used = shutil.disk_usage(hub.hub.exchange).used
+    course = hub.hub.inbound.parent
+    probe = json.loads(in_kernel(hub, a, EXCHANGE_PROBE.format(exchange=str(hub.hub.exchange), course=str(course)))
+                       .strip().splitlines()[-1])
+    # the exchange's root is a 1 MB tmpfs of A's server's own; the course's folder is read-only
+    assert probe == {"root": "ENOSPC", "course": "EROFS"}, f"A's server writes into the exchange: {probe}"
+    assert not (hub.hub.exchange / "x.bin").exists()
+    own = home(a) / ".nbgrader-inbound"
+    try:
+        filled = json.loads(in_kernel(hub, a, FILL.format(path=str(hub.hub.inbound / "junk.bin"),
+                                                          most=2 * EXCHANGE_DISK_MB)).strip().splitlines()[-1])
+        assert filled["error"] == "ENOSPC" and filled["written_mb"] <= LEARNER_DISK_MB, filled
+        assert (own / "junk.bin").stat().st_size >= filled["written_mb"] * 2**20, "the file is not in A's own folder"
+        assert shutil.disk_usage(hub.hub.exchange).used - exchange_used < 2**20, "the exchange's disk took A's file"
+    finally:
+        (own / "junk.bin").unlink(missing_ok=True)
+
+    reset_lab0(b, cells=[FILL_GRADING.format(most=2 * GRADING_DISK_MB)])
+    time.sleep(1.1)  # nbgrader's timestamps tell two submissions apart
+    out = in_kernel(hub, b, SUBMIT)
+    assert out.strip().startswith("0 "), f"B's submit from their server failed: {out}"
+    names = [n for n in os.listdir(home(b) / ".nbgrader-inbound") if n.startswith(f"{b}+lab-00+")]
+    assert names, "B's submission is not in B's own inbound folder"
+    job = finished(hub, max(names))
+    assert job.state == "done", f"{job.state}: {job.message}"
+    graded = nbformat.read(hub.hub.course / "autograded" / b / "lab-00" / lab0(b).name, as_version=4)
+    shown = "".join(o.get("text", "") for c in graded.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    filled = json.loads(next(line for line in shown.splitlines() if line.startswith('{"written_mb"')))
+    assert filled["error"] == "ENOSPC" and filled["written_mb"] <= GRADING_DISK_MB, filled
+    assert not list((hub.hub.state / "disks").glob("grading-*")), "a grading's image was left"
+    assert str(hub.hub.scratch) not in Path("/proc/self/mounts").read_text(), "a grading's disk is still mounted"
+
+
+#: From a learner's kernel: as many requests with 8 KB paths at the hub as 8 threads send in the
+#: time given (the hub's API, which the server's namespace reaches), then how many were sent.
+LOG_FLOOD = """
+import http.client, json, os, threading, time, urllib.parse
+api = urllib.parse.urlsplit(os.environ["JUPYTERHUB_API_URL"])
+sent, until = [0] * 8, time.monotonic() + {seconds}
+
+def flood(i):
+    conn = http.client.HTTPConnection(api.hostname, api.port, timeout=10)
+    while time.monotonic() < until:
+        conn.request("GET", "/hub/no-such-page/" + "x" * 8000 + "?token=" + str(sent[i]))
+        conn.getresponse().read()
+        sent[i] += 1
+
+threads = [threading.Thread(target=flood, args=(i,)) for i in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps({{"sent": sum(sent)}}))
+"""
+
+
+def test_18_a_flood_of_long_urls_adds_a_bounded_number_of_short_lines_to_the_hubs_log(hub):
+    """From A's kernel, 8 threads send 404s with 8 KB paths at the hub for 15 s. The hub's log grows
+    by at most its rate's lines (``accesslog``: 20 a second after a burst of 200, each path cut at
+    200 characters, no query), and says how many requests it left out. (Before: the red-team pass
+    grew the log 250 MB in 20 s from one kernel; a disk filled by the operator's copy of it stops
+    the hub.)"""
+    a, _b = learners(hub)
+    before = hub.log.stat().st_size
+    began = time.monotonic()
+    sent = json.loads(in_kernel(hub, a, LOG_FLOOD.format(seconds=15)).strip().splitlines()[-1])["sent"]
+    took = time.monotonic() - began
+    time.sleep(1)
+    grown = hub.log.stat().st_size - before
+    with open(hub.log, "rb") as f:
+        f.seek(before)
+        added = f.read().decode(errors="replace")
+    assert sent > 1000, f"the flood sent only {sent} requests: it tests nothing"
+    floods = [line for line in added.splitlines() if "/hub/no-such-page/" in line]
+    assert floods and all(len(line) < 450 for line in floods), max(floods or [""], key=len)[:600]
+    assert len(floods) <= 200 + 20 * took + 20, f"{len(floods)} lines for {sent} requests in {took:.0f} s"
+    assert grown < (250 + 20 * took) * 450, f"the log grew {grown} bytes for {sent} requests of 8 KB in {took:.0f} s"
+    assert not [line for line in floods if "token" in line], "a query (where tokens travel) was logged"
+    assert "were not logged (more than 20 a second)" in added

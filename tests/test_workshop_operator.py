@@ -293,3 +293,22 @@ def test_hub_check_warns_of_ways_to_start_processes_outside_a_servers_namespaces
     assert preflight.outside_doors(set())[0].state == "OK"
     warned = preflight.outside_doors({"sshd", "cron", "python3"})[0]
     assert warned.state == "WARN" and "DenyGroups" in warned.detail and "cron.deny" in warned.detail
+
+
+@pytest.mark.slow
+def test_a_sigterm_runs_a_scratch_hubs_teardown(tmp_path):
+    """``timeout`` or a CI runner stops a test run with SIGTERM: the scratch hub's ``finally`` (its
+    accounts, mounts and processes removed) still runs, and the run ends with 128 + 15."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "torn-down"
+    code = ("import sys, time\nfrom multigpu.workshop import scratch\nscratch.terminate_by_exception()\n"
+            f"try:\n    print('up', flush=True)\n    time.sleep(60)\nfinally:\n    open({str(marker)!r}, 'w').close()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM and marker.exists()

@@ -87,10 +87,11 @@ def record_in_gradebook(db_url: str, student: str, result: grader.GradeResult, a
 
 
 def grade_and_keep(script: Path, name: str, settings: rules.Settings, result_file: Path, *,
-                   hidden: list[Path], log: Callable[[str], None]) -> grader.GradeResult:
-    """One official grading: ``script`` graded in the sandbox (``name`` is how the result names it),
-    the graded bytes kept beside ``result_file`` (the audit trail :mod:`regrade` reads), the result saved."""
-    result = grader.grade(script, settings, sandbox="required", hidden=hidden, log=log)
+                   hidden: list[Path], log: Callable[[str], None], workdir: Path | None = None) -> grader.GradeResult:
+    """One official grading: ``script`` graded in the sandbox (``name`` is how the result names it;
+    its run in a new folder of ``workdir``, default the temporary folder), the graded bytes kept
+    beside ``result_file`` (the audit trail :mod:`regrade` reads), the result saved."""
+    result = grader.grade(script, settings, sandbox="required", hidden=hidden, log=log, workdir=workdir)
     result.script = name
     result_file.parent.mkdir(parents=True, exist_ok=True)
     if result.source_sha256:

@@ -2,7 +2,8 @@
 account, in a sandbox, with no solution within reach of the learner's notebook.
 
 A job's scratch folder (``scratch/job-N``: root's, group the grading account, 710, set before
-anything is put in it) holds two courses of one assignment:
+anything is put in it; a file system of its own size for the job's life, ``disks.grading_space``)
+holds two courses of one assignment, and then the official run's folder:
 
 1. ``gen/`` (root's, 700): the hub course's source of the assignment (solutions and hidden tests)
    and ``nbgrader generate_assignment`` run as root, which registers the assignment in a fresh
@@ -35,6 +36,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -136,10 +138,12 @@ def scratch_course(hub: Hub, job: Job, submitted: Path) -> Path:
     from multigpu.workshop import course
 
     grader = pwd.getpwnam(layout.GRADER_USER)
-    folder = hub.scratch / f"job-{job.id}"
-    if folder.exists():
-        shutil.rmtree(folder)
-    safefiles.private_dir(folder, 0, grader.pw_gid, 0o710)
+    folder = hub.scratch / f"job-{job.id}"  # the job's own file system (``disks.grading_space``)
+    st = folder.lstat()
+    if not stat.S_ISDIR(st.st_mode) or (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (0, grader.pw_gid, 0o710):
+        raise JobFailed(f"{folder} is not the grading's folder (root's, group {layout.GRADER_USER}, 710)")
+    for leftover in ("gen", "course"):
+        shutil.rmtree(folder / leftover, ignore_errors=True)
 
     def config(root: Path) -> None:
         (root / "nbgrader_config.py").write_text(course.COURSE_CONFIG.format(
@@ -179,7 +183,7 @@ def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -
         sandboxed("generate_feedback", STEP_TIMEOUT_S)
         take_back(hub, job, scratch)
     finally:
-        shutil.rmtree(scratch.parent, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     out = record_scores(hub, job, notebook_scores(hub.course / "autograded" / job.student / job.assignment))
     release_feedback(hub, job)
     return out

@@ -6,9 +6,11 @@ size (an ext4 image on a loop device), so a learner who fills their home, or the
     detach_home(login)     unmount it and delete the image (the account is being removed)
     attach_exchange(hub)   the same for the hub's exchange (its image in the hub's state)
     detach_exchange(hub)   unmount it, keep the image (a scratch hub's teardown removes the root)
+    grading_space(hub, N)  one grading's folder ``scratch/job-N``, a file system of its own while it runs
 
-Sizes: ``MULTIGPU_LEARNER_DISK_MB`` (default :data:`LEARNER_MB`) and ``MULTIGPU_EXCHANGE_DISK_MB``
-(default :data:`EXCHANGE_MB`), read when an image is made; a made image keeps its size. Images are
+Sizes: ``MULTIGPU_LEARNER_DISK_MB`` (default :data:`LEARNER_MB`), ``MULTIGPU_EXCHANGE_DISK_MB``
+(default :data:`EXCHANGE_MB`) and ``MULTIGPU_GRADING_DISK_MB`` (default :data:`GRADING_MB`, the
+grading service's), read when an image is made; a made image keeps its size. Images are
 sparse: they take the disk space their files take, so the sizes may add up to more than the disk
 (``make hub-check`` says when they do). The learners' images live in ``MULTIGPU_DISKS_DIR``
 (default ``/var/lib/multigpu/disks``, root only): accounts belong to the box, not to one hub.
@@ -19,18 +21,19 @@ JupyterLab refuses a save that does not fit with a message that says why (:func:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from multigpu.workshop.layout import SYSTEM_PATH, Hub
 
-LEARNER_MB, EXCHANGE_MB = 4096, 2048
+LEARNER_MB, EXCHANGE_MB, GRADING_MB = 4096, 2048, 4096
 MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
 
 
@@ -55,6 +58,10 @@ def learner_mb() -> int:
 
 def exchange_mb() -> int:
     return _env_mb("MULTIGPU_EXCHANGE_DISK_MB", EXCHANGE_MB)
+
+
+def grading_mb() -> int:
+    return _env_mb("MULTIGPU_GRADING_DISK_MB", GRADING_MB)
 
 
 def disks_dir() -> Path:
@@ -83,9 +90,10 @@ def unavailable() -> str | None:
     return None
 
 
-def attach(image: Path, folder: Path, size_mb: int, owner: tuple[int, int], mode: int) -> bool:
+def attach(image: Path, folder: Path, size_mb: int, owner: tuple[int, int], mode: int, journal: bool = True) -> bool:
     """Mount ``image`` (made first, of ``size_mb``, owned ``owner``, with ``folder``'s files copied
-    in) on ``folder``; False when something is mounted there already."""
+    in; without a journal where ``journal`` is False) on ``folder``; False when something is
+    mounted there already."""
     if os.path.ismount(folder):
         return False
     folder.mkdir(parents=True, exist_ok=True)
@@ -95,8 +103,8 @@ def attach(image: Path, folder: Path, size_mb: int, owner: tuple[int, int], mode
         made = image.with_suffix(".new")
         with open(made, "wb") as f:
             f.truncate(size_mb << 20)
-        _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={owner[0]}:{owner[1]},lazy_itable_init=1",
-             str(made))
+        _run("mkfs.ext4", "-q", "-F", "-m", "0", *([] if journal else ["-O", "^has_journal"]),
+             "-E", f"root_owner={owner[0]}:{owner[1]},lazy_itable_init=1", str(made))
         with tempfile.TemporaryDirectory(dir=image.parent) as staging:
             _run("mount", "-o", MOUNT_OPTIONS, str(made), staging)
             try:
@@ -143,6 +151,57 @@ def attach_exchange(hub: Hub) -> bool:
 
 def detach_exchange(hub: Hub) -> None:
     detach(hub.exchange)
+
+
+def grading_image(hub: Hub, job_id: int) -> Path:
+    return hub.state / "disks" / f"grading-{job_id}.img"
+
+
+@contextlib.contextmanager
+def grading_space(hub: Hub, job_id: int, gid: int, log: Callable[[str], None] = print) -> Iterator[Path]:
+    """One grading's folder, ``scratch/job-N`` (root's, group ``gid``, 710), for the grading's life:
+    a file system of its own of ``MULTIGPU_GRADING_DISK_MB`` (no journal: it ends with the grading),
+    so what a learner's notebook or train.py writes there (the autograde's course, the official
+    run's folder) meets "No space left on device" at that size, not on the box's disk. Whatever a
+    killed grading of the same job left is removed first; everything goes after. Where the box
+    cannot mount images (:func:`unavailable`) the folder is a plain one, and the log says so."""
+    folder, image = hub.scratch / f"job-{job_id}", grading_image(hub, job_id)
+
+    def remove() -> None:
+        detach(folder)
+        image.unlink(missing_ok=True)
+        if folder.is_dir() and not os.path.ismount(folder):
+            shutil.rmtree(folder)
+
+    remove()
+    why = unavailable()
+    if why is None:
+        try:
+            folder.mkdir(mode=0o700)
+            attach(image, folder, grading_mb(), (0, gid), 0o710, journal=False)
+        except DiskError as e:
+            why = str(e)
+            remove()
+    if why is not None:
+        log(f"warning: this grading's folder has no size bound ({why})")
+        folder.mkdir(mode=0o700)
+    os.chown(folder, 0, gid)  # the mounted file system's root, or the plain folder
+    os.chmod(folder, 0o710)
+    try:
+        yield folder
+    finally:
+        remove()
+
+
+def when_full(space: Path) -> str:
+    """Words for a learner whose grading failed while its folder ``space`` was full ("" when it
+    was not): the cause, before the tool's own error."""
+    disk = os.statvfs(space)
+    if disk.f_bavail * disk.f_frsize >= 1 << 20:
+        return ""
+    return (f"the grading's folder is full ({disk.f_blocks * disk.f_frsize / 2**20:,.0f} MB: what your notebook or "
+            "train.py wrote there while it was graded), so the grading could not go on; write less (or delete what "
+            "you wrote) and submit again. What stopped: ")
 
 
 def refuse_when_full(model: dict, path: str, contents_manager, **kwargs) -> None:

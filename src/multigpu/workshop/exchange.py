@@ -1,8 +1,9 @@
 """nbgrader's submit for the hub's learners (``ExchangeFactory.submit`` in their nbgrader config):
 the submission's folder in the exchange is the learner's alone from the moment it exists.
 
-A full exchange (its disk quota, ``disks``) refuses the submission with a message that says so,
-and leaves no half-copied folder to grade.
+A full exchange (its disk quota, ``disks``), or on a hub a learner's full home (their inbound
+folder is in it: ``inbound``), refuses the submission with a message that says which, and leaves
+no half-copied folder to grade.
 
 nbgrader makes it world-writable (777, so that an instructor may delete it); then anyone who
 learns its name can read and replace the learner's work before it is graded. On the hub nobody
@@ -51,11 +52,20 @@ class PrivateSubmit(ExchangeSubmit):
                             os.strerror(n) in str(e) for n in (errno.ENOSPC, errno.EDQUOT)):
                         raise
                     shutil.rmtree(dest, ignore_errors=True)  # half a submission is none: nothing to grade
-                    self.fail("the course's exchange is full (no space left on its disk): your submission was NOT "
-                              "sent, and your work is safe in your home folder. Tell your instructor, who can free the "
-                              "exchange (docs/workshop.md, disk quotas), then submit again.")
+                    self.fail(self.full_message())
                 os.makedirs(self.cache_path, exist_ok=True)
                 shutil.copytree(staged, cache)
         finally:
             os.umask(mask)
         self.log.info("Submitted as: %s %s %s", self.coursedir.course_id, self.coursedir.assignment_id, self.timestamp)
+
+    def full_message(self) -> str:
+        """Why the submission did not fit: on a hub, a learner's inbound folder is in their own home
+        (``multigpu.workshop.inbound``); elsewhere the exchange is the course's."""
+        sent = "your submission was NOT sent, and your work is safe in your home folder"
+        if os.stat(self.inbound_path).st_dev == os.stat(os.path.expanduser("~")).st_dev:
+            return (f"your home folder is full: a submission waits in it until it is graded, and there is no space "
+                    f"left for this one: {sent}. Delete files you no longer need (du -sh ~/* shows the largest), "
+                    "then submit again.")
+        return (f"the course's exchange is full (no space left on its disk): {sent}. Tell your instructor, who can "
+                "free the exchange (docs/workshop.md, disk quotas), then submit again.")

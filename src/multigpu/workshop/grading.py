@@ -20,12 +20,13 @@ learner code as root):
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from multigpu.workshop import layout, ngshare, safefiles, submissions
+from multigpu.workshop import disks, layout, ngshare, safefiles, submissions
 from multigpu.workshop.autograde import JobFailed, autograde, hidden_from_learners
 from multigpu.workshop.jobs import Job
 from multigpu.workshop.layout import Hub
@@ -87,9 +88,9 @@ def labs_score(hub: Hub, student: str) -> dict[str, Any]:
     return {"score": score, "max_score": total, "labs": released_labs(hub)}
 
 
-def official(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """Step 3: the sandboxed official grading of the assessment's train.py, its points in the
-    gradebook, the result file and, where earned, the certificate."""
+def official(hub: Hub, job: Job, submitted: Path, space: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Step 3: the sandboxed official grading of the assessment's train.py (its run in a folder of
+    the job's ``space``), its points in the gradebook, the result file and, where earned, the certificate."""
     from multigpu.grading import grader, rules
     from multigpu.grading import official as official_grading
 
@@ -101,7 +102,7 @@ def official(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) ->
     try:
         result = official_grading.grade_and_keep(script, f"{job.student}/{layout.ASSESSMENT}/train.py", settings,
                                                  hub.results / f"{job.student}.json",
-                                                 hidden=hidden_from_learners(hub), log=log)
+                                                 hidden=hidden_from_learners(hub), log=log, workdir=space)
     except grader.GradingUnavailable as e:
         raise JobFailed(f"the grading machine cannot grade right now ({e}); the instructor has been told, "
                         "your submission is kept") from None
@@ -160,20 +161,30 @@ def run(hub: Hub, job: Job, log: Callable[[str], None] = print) -> tuple[str, st
     """Grade ``job``; ``(state, message for the learner, result)``."""
     start = time.monotonic()
     try:
-        submitted = collect(hub, job)
-        result: dict[str, Any] = {"autograde": autograde(hub, job, submitted, log)}
-        auto = result["autograde"]
-        message = f"notebooks {auto['score']:g}/{auto['max_score']:g} points; feedback released (Assignments tab: Fetch Feedback)"
-        if job.assignment != layout.ASSESSMENT and (hub.results / f"{job.student}.json").is_file():
-            result.update(certify(hub, job.student))  # these lab points may complete a passed assessment's certificate
-            if result["certificate"]:
-                message += "; " + result["certificate_note"]
-        if job.assignment == layout.ASSESSMENT:
-            result.update(official(hub, job, submitted, log))
-            r = result["official"]
-            message = (f"assessment {'PASSED' if r['passed'] else 'not passed'}: {r['score']}/{r['max_score']} points "
-                       f"from the official grading; {result['certificate_note']}")
+        with disks.grading_space(hub, job.id, pwd.getpwnam(layout.GRADER_USER).pw_gid, log) as space:
+            try:
+                state, message, result = steps(hub, job, space, log)
+            except JobFailed as e:
+                raise JobFailed(disks.when_full(space) + str(e)) from None
     except JobFailed as e:
         return "failed", str(e), {"seconds": round(time.monotonic() - start, 1)}
     result["seconds"] = round(time.monotonic() - start, 1)
+    return state, message, result
+
+
+def steps(hub: Hub, job: Job, space: Path, log: Callable[[str], None]) -> tuple[str, str, dict[str, Any]]:
+    """The steps of :func:`run`; the official run works in the job's folder ``space``."""
+    submitted = collect(hub, job)
+    result: dict[str, Any] = {"autograde": autograde(hub, job, submitted, log)}
+    auto = result["autograde"]
+    message = f"notebooks {auto['score']:g}/{auto['max_score']:g} points; feedback released (Assignments tab: Fetch Feedback)"
+    if job.assignment != layout.ASSESSMENT and (hub.results / f"{job.student}.json").is_file():
+        result.update(certify(hub, job.student))  # these lab points may complete a passed assessment's certificate
+        if result["certificate"]:
+            message += "; " + result["certificate_note"]
+    if job.assignment == layout.ASSESSMENT:
+        result.update(official(hub, job, submitted, space, log))
+        r = result["official"]
+        message = (f"assessment {'PASSED' if r['passed'] else 'not passed'}: {r['score']}/{r['max_score']} points "
+                   f"from the official grading; {result['certificate_note']}")
     return "done", message, result

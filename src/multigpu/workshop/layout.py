@@ -12,7 +12,8 @@ default ``/srv/multigpu``), so a test can run a whole hub in a temporary folder.
                         the copy of each submission taken when it arrived (submissions/), the
                         official results, certificates
     ROOT/scratch/       one folder per grading (711; each job's folder is root's, group the
-                        grading account, 710: the grading account enters the course in it)
+                        grading account, 710: the grading account enters the course in it;
+                        a file system of its own size while the grading runs: disks.grading_space)
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A learner's server in namespaces of its own: its processes, its network, its shared memory and
 its System V IPC are the learner's alone, and all of it goes when the server stops.
 
-    python -m multigpu.workshop.namespaces --user NAME --port PORT [--relay HUBPORT ...] [--shm-bytes N] -- CMD ...
+    python -m multigpu.workshop.namespaces --user NAME --port PORT [--relay HUBPORT ...] [--shm-bytes N]
+        [--exchange FOLDER --inbound FOLDER] -- CMD ...
 
 The hub's spawner starts this as root, in the learner's control group. It makes, for ``CMD`` (the
 learner's JupyterLab) and everything it starts (kernels, terminals, Horovod jobs):
@@ -11,7 +12,9 @@ learner's JupyterLab) and everything it starts (kernels, terminals, Horovod jobs
 - a network namespace with its loopback alone: no other learner reaches a rendezvous or a server
   the learner's jobs open, and no job of theirs reaches anyone else's;
 - an IPC namespace and a mount namespace with a ``/dev/shm`` of its own (a bounded tmpfs): a
-  System V segment or a shared-memory file cannot outlive the server or fill another's memory.
+  System V segment or a shared-memory file cannot outlive the server or fill another's memory;
+- for a learner (``--exchange``), the exchange read-only and its inbound folder their own
+  (:mod:`inbound`): their submissions land on their own disk, never on the room's.
 
 Two things cross the namespace, relayed byte for byte by this process (root, outside it): the
 proxy's connections to the server (``127.0.0.1:PORT`` outside, the same address inside) and the
@@ -37,10 +40,12 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from multigpu.workshop import inbound as own_inbound
 from multigpu.workshop import layout
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+MS_REC, MS_PRIVATE = 1 << 14, 1 << 18
 PR_SET_PDEATHSIG = 1
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 #: A learner's /dev/shm, bytes (its pages count against the learner's memory limit as well).
@@ -66,12 +71,10 @@ def setns(fd: int, nstype: int) -> None:
     _check(_libc.setns(fd, nstype), "setns")
 
 
-def _bytes(text: str | None) -> bytes | None:
-    return text.encode() if text is not None else None
-
-
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = _bytes
+    def enc(text: str | None) -> bytes | None:
+        return text.encode() if text is not None else None
+
     _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
 
 
@@ -124,7 +127,29 @@ def private_folders(size_bytes: int) -> None:
         mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
-def run_namespaces(user: pwd.struct_passwd, cmd: Sequence[str], shm_bytes: int, ready: int, go: int) -> NoReturn:
+def learners_exchange(user: pwd.struct_passwd, exchange: str, inbound: str) -> None:
+    """The learner's view of the exchange: its root a small tmpfs of their own (nbgrader wants it
+    writable), the course's folder bound back read-only, its inbound folder the learner's own
+    (:mod:`inbound`)."""
+    course = os.path.dirname(inbound)
+    if not os.path.isdir(inbound):  # no course in the exchange yet: nothing to submit to
+        return
+    held = os.open(course, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+    own = own_inbound.open_folder(user, make=True)
+    try:
+        mount("tmpfs", exchange, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=1777")
+        os.mkdir(course, 0o755)
+        mount(f"/proc/self/fd/{held}", course, None, MS_BIND | MS_REC)
+        mount(None, course, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        mount(f"/proc/self/fd/{own}", inbound, None, MS_BIND)
+        mount(None, inbound, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV)
+    finally:
+        os.close(held)
+        os.close(own)
+
+
+def run_namespaces(user: pwd.struct_passwd, cmd: Sequence[str], shm_bytes: int, ready: int, go: int,
+                   exchange: tuple[str, str] | None = None) -> NoReturn:
     """The child that makes the namespaces, waits until the relay listens in them (``go``), then
     starts their first process and waits for it."""
     code = 1
@@ -133,6 +158,8 @@ def run_namespaces(user: pwd.struct_passwd, cmd: Sequence[str], shm_bytes: int, 
         unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET)
         mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the box
         private_folders(shm_bytes)
+        if exchange is not None:
+            learners_exchange(user, *exchange)
         loopback_up()
         os.write(ready, b"namespaces\n")
         if os.read(go, 3) != b"go\n":
@@ -329,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True, help="the server's port, inside and outside")
     p.add_argument("--relay", type=int, action="append", default=[], help="a hub port the server may reach")
     p.add_argument("--shm-bytes", type=int, default=SHM_BYTES)
+    p.add_argument("--exchange", help="nbgrader's exchange, read-only for this learner")
+    p.add_argument("--inbound", help="its inbound folder, this learner's own inside")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -349,7 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.close(fd)
         proxy_side.close()
         server_stdio(out_w)
-        run_namespaces(user, cmd, args.shm_bytes, ready_w, go_r)
+        run_namespaces(user, cmd, args.shm_bytes, ready_w, go_r,
+                       (args.exchange, args.inbound) if args.exchange and args.inbound else None)
     for fd in (ready_w, go_r, out_w):
         os.close(fd)
     with os.fdopen(ready_r) as ready:

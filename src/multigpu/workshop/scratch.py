@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -168,6 +169,7 @@ def scratch_hub(tag: str, learners: list[str], *, python: str = sys.executable, 
     env = hub_env(root, python, instructor, keys / "course-key.pem", MULTIGPU_GRADING_PROFILE=profile, **extra_env)
     scheme = "https" if tls else "http"
     h = ScratchHub(root, env, f"{scheme}://127.0.0.1:{env['MULTIGPU_HUB_PORT']}", instructor, python)
+    stopped = terminate_by_exception()
     try:
         if tls:
             cert, key = root / "tls" / "hub.crt", root / "tls" / "hub.key"
@@ -200,3 +202,19 @@ def scratch_hub(tag: str, learners: list[str], *, python: str = sys.executable, 
         disks.detach_exchange(Hub(root))
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(keys, ignore_errors=True)
+        if stopped is not None:
+            signal.signal(signal.SIGTERM, stopped)
+
+
+def terminate_by_exception() -> signal.Handlers | None:
+    """A SIGTERM (``timeout``, a CI runner stopping the job) raised as SystemExit in the main
+    thread, so a scratch hub's teardown runs (its accounts, mounts and processes removed); the
+    handler it replaced, or None where it could not (not the main thread, a handler already set)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return None
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    return signal.SIG_DFL
