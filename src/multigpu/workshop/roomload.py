@@ -242,12 +242,14 @@ class Room:
                                   "proxy_kept": proxy is not None and self.hub.proxy_pid() == proxy}
 
     def drain(self, expected: int, timeout: float) -> float:
-        """Seconds until ``expected`` jobs have finished (done or failed) or were replaced."""
+        """Seconds until ``expected`` jobs of the room's learners have finished (done or failed) or
+        were replaced (a job of anyone else, which a learner of another hub on the box may make, is
+        not the room's)."""
         queue = jobs.Queue(self.hub.hub.queue_db)
         t0 = said = time.monotonic()
         while time.monotonic() - t0 < timeout:
             self.maybe_restart()
-            finished = sum(j.state in ("done", "failed", "replaced") for j in queue.jobs())
+            finished = sum(j.state in ("done", "failed", "replaced") for j in queue.jobs() if j.student in self.runs)
             if finished >= expected:
                 return round(time.monotonic() - t0, 2)
             if time.monotonic() - said >= 60:
