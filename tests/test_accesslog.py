@@ -109,7 +109,7 @@ def test_the_bucket_refills_at_its_rate():
 
 def test_the_hubs_own_lines_lose_the_xsrf_values_and_pass_at_their_rate():
     now = [0.0]
-    bounded = accesslog.BoundedRecords(rate=2.0, burst=3.0, clock=lambda: now[0])
+    bounded = accesslog.BoundedRecords(rate=36.0, burst=60.0, clock=lambda: now[0])  # 18 bytes a line
     log = logging.getLogger("multigpu-test-bounded-records")
     log.propagate = False
     kept: list[str] = []
@@ -127,4 +127,8 @@ def test_the_hubs_own_lines_lose_the_xsrf_values_and_pass_at_their_rate():
     now[0] = 1.0
     log.warning("Failed login for %s", "y")
     assert kept == ["Failed login for x0", "Failed login for x1", "Failed login for x2",
-                    "[7 log lines in the last 1.0 s were not logged (more than 2 a second)] Failed login for y"], kept
+                    "[7 log lines in the last 1.0 s were not logged (more than 36 a second)] Failed login for y"], kept
+    log.removeFilter(bounded)
+    log.addFilter(accesslog.BoundedRecords())
+    log.warning("%s", "u" * 5000)
+    assert kept[-1] == "u" * 1000 + "...(5000 chars)"

@@ -127,3 +127,20 @@ def test_a_grading_that_failed_in_a_full_folder_says_so_first(tmp_path):
         assert disks.when_full(folder).startswith("the grading's folder is full (1")
     finally:
         disks.detach(folder)
+
+
+def test_a_grading_killed_before_its_clean_up_leaves_nothing_once_the_service_looks(tmp_path, monkeypatch):
+    """A grading's process killed inside ``grading_space`` (its time limit, a stop): the context's
+    clean-up never ran; ``remove_gradings`` (the service after each grading and at its start,
+    ``workshop stop``) unmounts and deletes its file system, and only that job's when given one."""
+    monkeypatch.setenv("MULTIGPU_GRADING_DISK_MB", "16")
+    hub = types.SimpleNamespace(scratch=tmp_path / "scratch", state=tmp_path / "state")
+    hub.scratch.mkdir()
+    killed = [disks.grading_space(hub, n, 0, print) for n in (4, 5)]
+    for space in killed:
+        space.__enter__()  # and never left: the process died here
+    assert all(os.path.ismount(hub.scratch / f"job-{n}") for n in (4, 5))
+    assert disks.remove_gradings(hub, 4) == 1 and not os.path.ismount(hub.scratch / "job-4")
+    assert os.path.ismount(hub.scratch / "job-5") and disks.grading_image(hub, 5).exists()
+    assert disks.remove_gradings(hub) == 1 and not os.path.ismount(hub.scratch / "job-5")
+    assert not list((hub.state / "disks").glob("grading-*"))

@@ -3,6 +3,7 @@ account helpers, the core split, JupyterHub's settings. (tests/test_workshop_hub
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import types
@@ -373,6 +374,34 @@ def test_a_flood_of_entries_in_the_inbound_folder_is_looked_at_in_bounded_batche
     assert q.ignored()[0] == 60 and q.ignored_by(next(iter(q.ignored()[1]))[1]) == 60
     assert len(list(hub.inbound.iterdir())) == 60, "the entries past the account's share were removed"
     assert (tmp_path / "elsewhere").is_dir(), "a link is removed, never followed"
+
+
+def test_a_tree_too_deep_for_python_is_removed_and_stops_no_scan(tmp_path, monkeypatch):
+    """A learner's entry past their share that is 3000 folders deep (Python's recursive rmtree stops
+    at RecursionError, which aborted every scan): it is removed all the same, and the scan goes on."""
+    from multigpu.workshop import safefiles, service
+
+    hub = layout.Hub(tmp_path)
+    hub.inbound.mkdir(parents=True)
+    monkeypatch.setattr(service, "JUNK_PER_ACCOUNT", 1)
+    (hub.inbound / "a-junk").mkdir()
+    deep = hub.inbound / "z-deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY)
+    for _ in range(3000):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    q = jobs.Queue(tmp_path / "q.sqlite")
+    try:
+        assert service.scan(hub, q, seen=set()) == []
+        assert sorted(os.listdir(hub.inbound)) == ["a-junk"], "the deep tree was not removed"
+    finally:  # pytest's own clean-up of old temporary folders is recursive
+        if deep.exists():
+            with safefiles.opened(os.open(hub.inbound, os.O_RDONLY)) as inbound:
+                safefiles.remove_entry(inbound, "z-deep")
 
 
 def test_a_learners_flood_of_submission_like_folders_delays_nobody_elses(tmp_path):

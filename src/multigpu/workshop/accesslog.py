@@ -8,9 +8,10 @@ operator keeps the hub's output. Here each line names the request's path cut at 
 (its query, where tokens travel, is never written) and at most :data:`RATE` lines a second are
 written (a burst of :data:`BURST` first); the requests past that are counted, and the next line
 written says how many were not. A flood then adds at most about ``RATE x 300`` bytes a second
-(about 22 MB an hour), whatever it sends. The hub's other loggers, which a request can make write
-as well, pass at most 50 lines a second (:class:`BoundedRecords`); JupyterHub's line for each
-visitor without an xsrf cookie (it holds the cookie's value) is not written at all.
+(about 22 MB an hour), whatever it sends. The server's other loggers, which a request can make
+write as well, pass at most 5 KB a second after a burst of 250 KB, each line cut at 1000
+characters (:class:`BoundedRecords`: about 18 MB an hour); JupyterHub's line for each visitor
+without an xsrf cookie (it holds the cookie's value) is not written at all.
 """
 
 from __future__ import annotations
@@ -74,16 +75,16 @@ class Bucket:
         self.rate, self.burst, self.clock = rate, burst, clock
         self.tokens, self.last, self.dropped, self.dropped_since = burst, clock(), 0, 0.0
 
-    def take(self) -> bool:
+    def take(self, cost: float = 1.0) -> bool:
         now = self.clock()
         self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
         self.last = now
-        if self.tokens < 1.0:
+        if self.tokens < cost:
             if not self.dropped:
                 self.dropped_since = now
             self.dropped += 1
             return False
-        self.tokens -= 1.0
+        self.tokens -= cost
         return True
 
     def left_out(self) -> str:
@@ -117,27 +118,42 @@ class BoundedLog:
 
 
 class BoundedRecords(logging.Filter):
-    """A filter for the hub's own loggers (JupyterHub's and tornado's, which a request can make
-    write): lines that hold a secret and come once per visitor (JupyterHub's "Setting new xsrf
-    cookie for ...", one per request without a cookie) are dropped, and at most ``rate`` lines a
-    second pass after a burst of ``burst``; the next line that passes says how many did not."""
+    """A filter for a server's own loggers (JupyterHub's and tornado's, which a request can make
+    write: an uncaught exception's line holds the whole URL): lines that hold a secret and come
+    once per visitor (JupyterHub's "Setting new xsrf cookie for ...", one per request without a
+    cookie) are dropped, each message is cut at :data:`RECORD_CHARS`, and at most ``rate`` bytes a
+    second pass after a burst of ``burst`` (a traceback counted as :data:`TRACEBACK_BYTES`); the next
+    line that passes says how many did not."""
 
     DROPPED = ("Setting new xsrf cookie",)
 
-    def __init__(self, rate: float = 50.0, burst: float = 500.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, rate: float = 5000.0, burst: float = 250_000.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.bucket = Bucket(rate, burst, clock)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str) and record.msg.startswith(self.DROPPED):
             return False
-        if not self.bucket.take():
+        message = record.getMessage()
+        if len(message) > RECORD_CHARS:
+            message = message[:RECORD_CHARS] + f"...({len(message)} chars)"
+        if not self.bucket.take(len(message) + (TRACEBACK_BYTES if record.exc_info else 0)):
             return False
-        left_out = self.bucket.left_out()
-        if left_out:
-            record.msg = f"[{left_out.replace('requests', 'log lines')}] {record.getMessage()}"
-            record.args = ()
+        left_out = self.bucket.left_out().replace("requests", "log lines")
+        record.msg, record.args = f"[{left_out}] {message}" if left_out else message, ()
         return True
+
+
+#: The longest message a line of a server's own loggers shows, and what a traceback counts for.
+RECORD_CHARS, TRACEBACK_BYTES = 1000, 4000
+
+
+def bound_loggers(names: tuple[str, ...]) -> None:
+    """:class:`BoundedRecords` on each logger of ``names`` (one budget for them all)."""
+    bounded = BoundedRecords()
+    for name in names:
+        logging.getLogger(name).addFilter(bounded)
 
 
 #: The loggers a request can make write on the hub (tornado's access log has its own bound).
@@ -146,9 +162,7 @@ HUB_LOGGERS = ("JupyterHub", "tornado.application", "tornado.general")
 
 def for_the_hub() -> BoundedLog:
     """The hub's request log (JupyterHub's request metrics kept); its own loggers bounded too."""
-    bounded = BoundedRecords()
-    for name in HUB_LOGGERS:
-        logging.getLogger(name).addFilter(bounded)
+    bound_loggers(HUB_LOGGERS)
     try:
         from jupyterhub.log import prometheus_log_method
     except ImportError:  # pragma: no cover - the hub's environment has JupyterHub

@@ -188,6 +188,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     groups = [g for g in limits.groups() if g.removeprefix("user-") in users]
     for group in groups:  # what is left in a server's control group goes with it (its namespaces went with the server)
         limits.release(group)
+    disks.remove_gradings(hub)  # a grading's file system, when the stop cut it off
     print(f"stopped {len(procs)} server(s){' and the proxy' if had_proxy else ''}"
           + (f" ({len(alive)} killed after 20 s)" if alive else "") + f"; removed {len(groups)} control group(s)")
     return 0

@@ -31,6 +31,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from multigpu.workshop import safefiles
 from multigpu.workshop.layout import SYSTEM_PATH, Hub
 
 LEARNER_MB, EXCHANGE_MB, GRADING_MB = 4096, 2048, 4096
@@ -168,10 +169,10 @@ def grading_space(hub: Hub, job_id: int, gid: int, log: Callable[[str], None] = 
     folder, image = hub.scratch / f"job-{job_id}", grading_image(hub, job_id)
 
     def remove() -> None:
-        detach(folder)
-        image.unlink(missing_ok=True)
-        if folder.is_dir() and not os.path.ismount(folder):
-            shutil.rmtree(folder)
+        remove_gradings(hub, job_id)
+        if folder.is_dir() and not os.path.ismount(folder):  # a plain folder (no loop devices): a learner's tree
+            with safefiles.opened(os.open(folder.parent, safefiles.DIR_FLAGS)) as parent:
+                safefiles.remove_entry(parent, folder.name)
 
     remove()
     why = unavailable()
@@ -191,6 +192,23 @@ def grading_space(hub: Hub, job_id: int, gid: int, log: Callable[[str], None] = 
         yield folder
     finally:
         remove()
+
+
+def remove_gradings(hub: Hub, job_id: int | None = None) -> int:
+    """Unmount and delete the file systems gradings left (job ``job_id``'s, or every job's): a
+    grading killed before its own clean-up (its time limit, a stop of the service or the hub). The
+    service calls it after each grading and at its start, ``multigpu workshop stop`` at the end.
+    Returns how many were mounted."""
+    which = "*" if job_id is None else str(job_id)
+    mounted = 0
+    if hub.scratch.is_dir():
+        for folder in hub.scratch.glob(f"job-{which}"):
+            if os.path.ismount(folder):
+                detach(folder)
+                mounted += 1
+    for image in (hub.state / "disks").glob(f"grading-{which}.img"):
+        image.unlink(missing_ok=True)
+    return mounted
 
 
 def when_full(space: Path) -> str:

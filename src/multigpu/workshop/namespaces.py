@@ -42,6 +42,7 @@ from typing import NoReturn
 
 from multigpu.workshop import inbound as own_inbound
 from multigpu.workshop import layout
+from multigpu.workshop.serverlog import ServerLog
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
@@ -262,40 +263,6 @@ class Relay:
             await loop.sock_sendall(sink, data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
-
-
-#: What a server may write to the hub's log, bytes (its output beyond is dropped, once said).
-LOG_BYTES = 10 * 2**20
-_CONTROL = {c: "?" for c in [*range(0, 9), *range(10, 32), 127]}
-
-
-class ServerLog:
-    """The server's output (stdout and stderr: a pipe, never the operator's terminal) copied to this
-    process's stderr, the hub's log: each line under the user's name, control characters (escape
-    sequences) shown as ``?``, at most :data:`LOG_BYTES`."""
-
-    def __init__(self, fd: int, user: str) -> None:
-        self.fd, self.prefix, self.written, self.partial = fd, f"[server of {user}] ", 0, b""
-        os.set_blocking(fd, False)
-
-    def readable(self) -> None:
-        try:
-            chunk = os.read(self.fd, 1 << 16)
-        except BlockingIOError:
-            return
-        if not chunk:
-            asyncio.get_running_loop().remove_reader(self.fd)
-            chunk, self.partial = self.partial + b"\n" if self.partial else b"", b""
-        *lines, self.partial = (self.partial + chunk).split(b"\n")
-        for raw in lines:
-            if self.written >= LOG_BYTES:
-                return
-            text = raw[:2000].decode("utf-8", "replace").translate(_CONTROL)
-            self.written += len(raw) + 1
-            if self.written >= LOG_BYTES:
-                text += f" (the rest of this server's output, past {LOG_BYTES // 2**20} MB, is not logged)"
-            sys.stderr.write(self.prefix + text + "\n")
-        sys.stderr.flush()
 
 
 async def relay_until(child: int, first: int, relay: Relay, proxy_side: socket.socket,

@@ -21,11 +21,13 @@ or follows a symbolic link:
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -244,13 +246,44 @@ def read_file(folder: str | os.PathLike, *below: str, max_bytes: int) -> bytes:
     raise ValueError(f"{name} is larger than {max_bytes:,} bytes")
 
 
+#: The deepest a removal goes before it moves a folder up to the top (one open descriptor a level).
+REMOVE_DEPTH = 64
+
+
 def remove_entry(folder_fd: int, name: str) -> None:
     """Remove ``name`` from the folder open as ``folder_fd``: a folder with all it holds, anything
-    else (a link included, never followed) itself."""
-    import shutil
-
+    else (a link included, never followed) itself. No recursion, at most :data:`REMOVE_DEPTH`
+    descriptors: a folder deeper than that is first moved up into the top folder (a learner's tree
+    3000 folders deep stops Python's recursive ``shutil.rmtree`` with a RecursionError)."""
     st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=folder_fd)
-    else:
+    if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=folder_fd)
+        return
+    top = os.open(name, DIR_FLAGS, dir_fd=folder_fd)
+    stack: list[list[Any]] = [[top, None, name]]  # [folder descriptor, its folders left to remove, its name]
+    try:
+        while stack:
+            frame = stack[-1]
+            fd = frame[0]
+            if frame[1] is None:
+                folders: list[str] = []
+                for entry in os.listdir(fd):
+                    if stat.S_ISDIR(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
+                        folders.append(entry)
+                    else:
+                        os.unlink(entry, dir_fd=fd)
+                frame[1] = folders
+            if frame[1] and len(stack) >= REMOVE_DEPTH:
+                up = f".removed-{secrets.token_hex(8)}"  # a name the tree's owner cannot have made ready
+                os.rename(frame[1].pop(), up, src_dir_fd=fd, dst_dir_fd=top)
+                stack[0][1].append(up)
+            elif frame[1]:
+                child = frame[1].pop()
+                stack.append([os.open(child, DIR_FLAGS, dir_fd=fd), None, child])
+            else:
+                stack.pop()
+                os.close(fd)
+                os.rmdir(frame[2], dir_fd=stack[-1][0] if stack else folder_fd)
+    finally:
+        for frame in stack:
+            os.close(frame[0])

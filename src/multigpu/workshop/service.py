@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from multigpu.workshop import accesslog, accounts, inbound, issuer, jobs, layout, limits, ngshare, safefiles, submissions
+from multigpu.workshop import accesslog, accounts, disks, inbound, issuer, jobs, layout, limits, ngshare, safefiles, submissions
 from multigpu.workshop.layout import Hub
 
 SCAN_S = 2.0
@@ -71,9 +71,12 @@ def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
         return []
     assignments = submissions.released(hub)
     arrivals: list[tuple[submissions.Arrival, int]] = []
-    for _login, folder in [("", os.open(hub.inbound, safefiles.DIR_FLAGS)), *inbound.learners_folders()]:
+    for login, folder in [("", os.open(hub.inbound, safefiles.DIR_FLAGS)), *inbound.learners_folders()]:
         with safefiles.opened(folder):
-            arrivals += arrivals_in(queue, folder, assignments, seen)
+            try:
+                arrivals += arrivals_in(queue, folder, assignments, seen)
+            except Exception as e:  # one learner's folder never stops the scan of the others
+                print(f"grading service: {login or 'the'} inbound folder: {e!r}", flush=True)
     return take_arrivals(hub, queue, arrivals, seen)
 
 
@@ -87,7 +90,11 @@ def arrivals_in(queue: jobs.Queue, folder: int, assignments: set[str],
         try:
             arrival, fd = submissions.check(folder, name, assignments)
         except submissions.NotASubmission as e:
-            not_a_submission(queue, folder, name, str(e), seen)
+            try:
+                not_a_submission(queue, folder, name, str(e), seen)
+            except Exception as e:  # an entry that cannot even be removed: the next ones go on
+                print(f"grading service: {name!a}: {e!r}", flush=True)
+                seen.add(name)
             continue
         if submissions.settled(fd, time.time()):
             arrivals.append((arrival, fd))
@@ -184,6 +191,7 @@ def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADI
         RUNNING.pop(job.id, None)
         limits.release(group)
         limits.release(f"autograde-{hub.tag}")  # an autograde step's own group, when the job was killed in it
+        disks.remove_gradings(hub, job.id)  # its file system, when the job was killed before it removed it
     after = queue.get(job.id)
     if after is not None and after.state == "running" and not STOPPING.is_set():
         code = result.returncodes[0]
@@ -339,7 +347,7 @@ def make_app(hub: Hub, queue: jobs.Queue) -> Any:
     return web.Application([
         (prefix, Page),
         (prefix + "status", Status),
-        (prefix + r"files/(\d+)/(feedback|certificate)/([^/]+)", File),
+        (prefix + r"files/(\d{1,9})/(feedback|certificate)/([^/]+)", File),
         (prefix + "oauth_callback", HubOAuthCallbackHandler),
         *issuer.handlers(hub, prefix),
     ], cookie_secret=os.urandom(32), log_function=accesslog.BoundedLog())
@@ -370,12 +378,15 @@ async def main() -> None:
 
     hub = Hub.default()
     queue = jobs.Queue(hub.queue_db, limit=int(os.environ.get("MULTIGPU_QUEUE_LIMIT") or jobs.QUEUE_LIMIT))
+    if disks.remove_gradings(hub):
+        print("grading service: removed the file systems of gradings cut off by a stop", flush=True)
     for job in queue.recover():
         print(f"job {job.id} ({job.student} {job.assignment}) was cut off by a restart: queued again", flush=True)
     source = ngshare.Ngshare.from_env()
     print(f"reading submissions from {source.url if source else hub.inbound}", flush=True)
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", f"http://127.0.0.1:{layout.GRADING_PORT}"))
     app = make_app(hub, queue)
+    accesslog.bound_loggers(("tornado.application", "tornado.general"))  # an uncaught exception's line holds the URL
     app.listen(url.port, url.hostname)
     print(f"grading service on {url.geturl()}, grading on cores {os.environ.get('MULTIGPU_GRADING_CORES_LIST', 'any')}",
           flush=True)
