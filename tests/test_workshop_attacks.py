@@ -1347,3 +1347,51 @@ def test_18_a_flood_of_long_urls_adds_a_bounded_number_of_short_lines_to_the_hub
     assert grown < (250 + 20 * took) * 450, f"the log grew {grown} bytes for {sent} requests of 8 KB in {took:.0f} s"
     assert not [line for line in floods if "token" in line], "a query (where tokens travel) was logged"
     assert "were not logged (more than 20 a second)" in added
+
+
+#: From a learner's kernel: 400 000 empty lines, then 12 MB of 200-character lines, on the
+#: server's own output (which the hub logs).
+OUTPUT_FLOOD = """
+import os
+os.write(1, b"\\n" * 400_000)
+line = b"y" * 199 + b"\\n"
+for _ in range(60):
+    os.write(2, line * 1000)
+print("flooded")
+"""
+
+
+def test_19_a_learners_server_output_fills_at_most_their_hours_budget_of_the_hubs_log_restart_or_not(hub):
+    """A's kernel writes 400 000 empty lines and 12 MB of text to the server's output, then A's server
+    is restarted and A writes again: the hub's log takes at most the learner's 10 MB an hour in all
+    (``serverlog``; before: the empty lines alone grew it 19 times their size, and each restart gave
+    a fresh 10 MB). A second copy of the course on the box with solutions learners could read is an
+    empty folder in A's (restarted) server."""
+    from multigpu.workshop import serverlog
+
+    a, _b = learners(hub)
+    copy = Path("/srv") / f"multigpu-copy-{uuid.uuid4().hex[:8]}"
+    try:
+        (copy / "solutions").mkdir(parents=True)
+        (copy / "nbgrader_config.py").write_text("c = get_config()\n")
+        (copy / "solutions" / "00-welcome.ipynb").write_text(SOLUTION_MARK)
+        for p in (copy, copy / "solutions"):
+            p.chmod(0o755)
+        before = hub.log.stat().st_size
+        assert "flooded" in in_kernel(hub, a, OUTPUT_FLOOD)
+        stop_server_of(a)
+        _SERVERS.pop(a)
+        seen = json.loads(in_kernel(hub, a, f"import json, os; print(json.dumps(os.listdir({str(copy)!r})))").strip())
+        assert seen == [], f"A reads another copy of the course: {seen}"
+        assert "flooded" in in_kernel(hub, a, OUTPUT_FLOOD)
+        time.sleep(2)
+        with open(hub.log, "rb") as f:
+            f.seek(before)
+            added = f.read().decode(errors="replace")
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    mine = [line for line in added.splitlines() if line.startswith(f"[server of {a}]")]
+    grown = sum(len(line.encode()) + 1 for line in mine)
+    assert grown <= serverlog.LOG_BYTES + 4096, f"A's server wrote {grown} bytes of the hub's log"
+    assert not [line for line in mine if line == f"[server of {a}] "], "an empty line was logged"
+    assert sum("is not logged" in line for line in mine) == 1, "the budget's end was not said once"

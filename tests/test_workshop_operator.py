@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from multigpu.workshop import accounts, hubconfig, jobs, layout, preflight, service, spawnqueue, tls
+from multigpu.workshop import accounts, copies, hubconfig, jobs, layout, preflight, service, spawnqueue, tls
 
 
 def test_a_login_storm_waits_its_turn_in_arrival_order():
@@ -255,16 +255,16 @@ def copies_found_while_readable(tmp_path, repo):
         p.chmod(0o755)
     deep = tmp_path / "a" / "b" / "c" / "d" / "e" / "course"
     shutil.copytree(clone, deep)
-    assert preflight.course_copies([tmp_path / "home"]) == [clone]
-    assert clone not in preflight.course_copies([tmp_path], depth=2) and deep not in preflight.course_copies([tmp_path])
-    assert preflight.readable_by_learners(clone / "solutions")
+    assert copies.course_copies([tmp_path / "home"]) == [clone]
+    assert clone not in copies.course_copies([tmp_path], depth=2) and deep not in copies.course_copies([tmp_path])
+    assert copies.readable_by_learners(clone / "solutions")
     (clone / "solutions").chmod(0o700)
-    assert not preflight.readable_by_learners(clone / "solutions")
+    assert not copies.readable_by_learners(clone / "solutions")
     (clone / ".git").mkdir(mode=0o755)  # a clone's history holds the solutions as well
-    assert preflight.readable_by_learners(clone / ".git")
+    assert copies.readable_by_learners(clone / ".git")
     (clone / "solutions").chmod(0o755)
     home.chmod(0o700)  # a closed home closes what is below it
-    assert not preflight.readable_by_learners(clone / "solutions")
+    assert not copies.readable_by_learners(clone / "solutions")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder at the top of the file system")

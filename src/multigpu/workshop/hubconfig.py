@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.core import layout as course_layout
-from multigpu.workshop import accesslog, jobs, layout, limits, proxy, spawnqueue
+from multigpu.workshop import accesslog, copies, jobs, layout, limits, proxy, spawnqueue
 from multigpu.workshop.layout import Hub
 
 try:
@@ -196,7 +196,8 @@ def server_command(name: str, port: int, cmd: list[str], learners_hub: Hub | Non
     """A user's server command, run as that user in namespaces of their own (``namespaces``): the
     proxy reaches it at ``127.0.0.1:port`` and it reaches the hub's API; nothing else crosses.
     Its shared memory is bounded by a learner's memory share; a learner's (``learners_hub``) sees
-    that hub's exchange read-only, its inbound folder their own (``inbound``)."""
+    that hub's exchange read-only, its inbound folder their own (``inbound``), and every other copy
+    of the course they could read as an empty folder (``copies.open_copies``)."""
     if "multigpu.workshop.namespaces" in cmd:
         return cmd  # already wrapped (a restart of the same spawner)
     hub_port = internal_ports()["MULTIGPU_HUB_INTERNAL_PORT"]
@@ -204,6 +205,7 @@ def server_command(name: str, port: int, cmd: list[str], learners_hub: Hub | Non
     return [sys.executable, "-I", "-m", "multigpu.workshop.namespaces", "--user", name, "--port", str(port),
             "--relay", str(hub_port), "--shm-bytes", str(shm),
             *(["--exchange", str(learners_hub.exchange), "--inbound", str(learners_hub.inbound)] if learners_hub else []),
+            *[arg for copy in (copies.open_copies() if learners_hub else []) for arg in ("--hide", str(copy))],
             "--", *cmd]
 
 

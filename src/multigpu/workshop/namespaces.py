@@ -2,7 +2,7 @@
 its System V IPC are the learner's alone, and all of it goes when the server stops.
 
     python -m multigpu.workshop.namespaces --user NAME --port PORT [--relay HUBPORT ...] [--shm-bytes N]
-        [--exchange FOLDER --inbound FOLDER] -- CMD ...
+        [--exchange FOLDER --inbound FOLDER] [--hide FOLDER ...] -- CMD ...
 
 The hub's spawner starts this as root, in the learner's control group. It makes, for ``CMD`` (the
 learner's JupyterLab) and everything it starts (kernels, terminals, Horovod jobs):
@@ -150,7 +150,7 @@ def learners_exchange(user: pwd.struct_passwd, exchange: str, inbound: str) -> N
 
 
 def run_namespaces(user: pwd.struct_passwd, cmd: Sequence[str], shm_bytes: int, ready: int, go: int,
-                   exchange: tuple[str, str] | None = None) -> NoReturn:
+                   exchange: tuple[str, str] | None = None, hide: Sequence[str] = ()) -> NoReturn:
     """The child that makes the namespaces, waits until the relay listens in them (``go``), then
     starts their first process and waits for it."""
     code = 1
@@ -161,6 +161,8 @@ def run_namespaces(user: pwd.struct_passwd, cmd: Sequence[str], shm_bytes: int, 
         private_folders(shm_bytes)
         if exchange is not None:
             learners_exchange(user, *exchange)
+        for folder in hide:  # an empty, read-only folder in its place
+            mount("tmpfs", folder, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0755")
         loopback_up()
         os.write(ready, b"namespaces\n")
         if os.read(go, 3) != b"go\n":
@@ -325,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--shm-bytes", type=int, default=SHM_BYTES)
     p.add_argument("--exchange", help="nbgrader's exchange, read-only for this learner")
     p.add_argument("--inbound", help="its inbound folder, this learner's own inside")
+    p.add_argument("--hide", action="append", default=[], help="a folder seen empty inside (a course copy)")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -346,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         proxy_side.close()
         server_stdio(out_w)
         run_namespaces(user, cmd, args.shm_bytes, ready_w, go_r,
-                       (args.exchange, args.inbound) if args.exchange and args.inbound else None)
+                       (args.exchange, args.inbound) if args.exchange and args.inbound else None, args.hide)
     for fd in (ready_w, go_r, out_w):
         os.close(fd)
     with os.fdopen(ready_r) as ready:

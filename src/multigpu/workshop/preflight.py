@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from multigpu.workshop import limits, proxy, tls
+from multigpu.workshop import copies, limits, proxy, tls
 from multigpu.workshop.layout import Hub
 
 #: Learners per learner core at a day's own pace (0.19 cores each: docs/workshop.md, "What a room needs").
@@ -116,82 +116,14 @@ def learner_namespaces() -> Check:
                  "privileged container")
 
 
-#: Where other copies of the course may be kept: every folder at the top of the file system but the
-#: system's own (:data:`SYSTEM_TOP`), these below them, every home folder, and
-#: ``MULTIGPU_EXTRA_CHECKOUTS`` (folders separated by ``:``); and how deep to look.
-SYSTEM_TOP = {"proc", "sys", "dev", "run", "boot", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc",
-              "var", "lost+found", "snap", "home"}
-CHECKOUT_ROOTS = (Path("/usr/local"), Path("/var/tmp"), Path("/var/www"), Path("/var/opt"))
-CHECKOUT_DEPTH = 4
-#: Folders looked at in all, at most (a home full of files must not stall the check).
-CHECKOUT_VISITS = 50_000
-
-
-def course_copies(roots: list[Path], depth: int = CHECKOUT_DEPTH) -> list[Path]:
-    """Every copy of this course (a folder with ``nbgrader_config.py`` and ``solutions/``) at most
-    ``depth`` folders below ``roots``; links are not followed."""
-    from multigpu.core import layout as course_layout
-
-    found: list[Path] = []
-    frontier = [(r, 0) for r in roots if r.is_dir() and not r.is_symlink()]
-    visits = 0
-    while frontier and visits < CHECKOUT_VISITS:
-        folder, level = frontier.pop()
-        visits += 1
-        if course_layout.is_course(folder):
-            found.append(folder)
-            continue
-        if level >= depth:
-            continue
-        try:
-            frontier += [(e, level + 1) for e in folder.iterdir() if e.is_dir() and not e.is_symlink()]
-        except OSError:
-            continue
-    return sorted(set(found))
-
-
-def readable_by_learners(path: Path) -> bool:
-    """Whether an account that is neither root nor the owner reads ``path`` (a folder: lists and
-    enters it): every folder above it lets others (or the learners' group) in."""
-    import grp
-
-    from multigpu.workshop import layout
-
-    try:
-        learners = grp.getgrnam(layout.LEARNERS_GROUP).gr_gid
-    except KeyError:
-        learners = None
-
-    def allows(st: os.stat_result, bits: int) -> bool:
-        return bool(st.st_mode & bits) or (st.st_gid == learners and bool(st.st_mode & (bits << 3)))
-
-    try:
-        for folder in reversed(path.resolve().parents):
-            if not allows(folder.stat(), 0o001):
-                return False
-        st = path.stat()
-    except OSError:
-        return False
-    return allows(st, 0o005 if path.is_dir() else 0o004)
-
-
 def other_checkouts() -> list[Check]:
-    """Copies of the course whose solutions a learner can read (the hub's own checkout is closed by
-    ``make hub``; a second clone with a default umask is not)."""
-    import pwd
-
-    homes = sorted({Path(u.pw_dir) for u in pwd.getpwall() if u.pw_dir not in ("", "/")})
-    extra = [Path(p) for p in os.environ.get("MULTIGPU_EXTRA_CHECKOUTS", "").split(":") if p]
-    top = sorted(e for e in Path("/").iterdir() if e.name not in SYSTEM_TOP and e.is_dir() and not e.is_symlink())
-    roots = [*homes, *CHECKOUT_ROOTS, *top, *extra]
-    # a clone's .git holds the solutions too, whatever the mode of its solutions/
-    open_ = [c for c in course_copies(roots)
-             if readable_by_learners(c / "solutions") or ((c / ".git").exists() and readable_by_learners(c / ".git"))]
+    """:func:`copies.open_copies`: hidden from learners by the hub, but a fault to fix all the same."""
+    open_ = copies.open_copies()
     if open_:
         return [Check("other copies", "FAIL", "learners can read the solutions of the course copies at "
                       + ", ".join(map(str, open_)) + ": chmod 700 the copy (its solutions/ and its .git) or remove it")]
     return [Check("other copies", "OK", "no copy of the course with solutions learners can read under the homes, "
-                  + ", ".join(str(r) for r in (*CHECKOUT_ROOTS, *top, *extra)))]
+                  "/srv, /opt, the box's other top folders or MULTIGPU_EXTRA_CHECKOUTS")]
 
 
 #: Services through which an account starts processes outside its server's namespaces.
