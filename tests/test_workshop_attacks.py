@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 from conftest import REPO
-from multigpu.workshop import jobs, layout
+from multigpu.workshop import inbound, jobs, layout
 from multigpu.workshop.scratch import ScratchHub
 from test_workshop_hub import HUB_PY, WHY_NOT, running_hub
 
@@ -1277,7 +1277,7 @@ def test_17_from_their_server_a_learner_fills_only_their_own_inbound_and_a_gradi
     # the exchange's root is a 1 MB tmpfs of A's server's own; the course's folder is read-only
     assert probe == {"root": "ENOSPC", "course": "EROFS"}, f"A's server writes into the exchange: {probe}"
     assert not (hub.hub.exchange / "x.bin").exists()
-    own = home(a) / ".nbgrader-inbound"
+    own = home(a) / inbound.folder_name(hub.hub)
     try:
         filled = json.loads(in_kernel(hub, a, FILL.format(path=str(hub.hub.inbound / "junk.bin"),
                                                           most=2 * EXCHANGE_DISK_MB)).strip().splitlines()[-1])
@@ -1291,7 +1291,7 @@ def test_17_from_their_server_a_learner_fills_only_their_own_inbound_and_a_gradi
     time.sleep(1.1)  # nbgrader's timestamps tell two submissions apart
     out = in_kernel(hub, b, SUBMIT)
     assert out.strip().startswith("0 "), f"B's submit from their server failed: {out}"
-    names = [n for n in os.listdir(home(b) / ".nbgrader-inbound") if n.startswith(f"{b}+lab-00+")]
+    names = [n for n in os.listdir(home(b) / inbound.folder_name(hub.hub)) if n.startswith(f"{b}+lab-00+")]
     assert names, "B's submission is not in B's own inbound folder"
     job = finished(hub, max(names))
     assert job.state == "done", f"{job.state}: {job.message}"

@@ -38,6 +38,7 @@ import socket
 import struct
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from multigpu.workshop import inbound as own_inbound
@@ -136,7 +137,7 @@ def learners_exchange(user: pwd.struct_passwd, exchange: str, inbound: str) -> N
     if not os.path.isdir(inbound):  # no course in the exchange yet: nothing to submit to
         return
     held = os.open(course, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-    own = own_inbound.open_folder(user, make=True)
+    own = own_inbound.open_folder(user, own_inbound.folder_name(layout.Hub(Path(exchange).parent)), make=True)
     try:
         mount("tmpfs", exchange, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=1777")
         os.mkdir(course, 0o755)

@@ -71,7 +71,7 @@ def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
         return []
     assignments = submissions.released(hub)
     arrivals: list[tuple[submissions.Arrival, int]] = []
-    for login, folder in [("", os.open(hub.inbound, safefiles.DIR_FLAGS)), *inbound.learners_folders()]:
+    for login, folder in [("", os.open(hub.inbound, safefiles.DIR_FLAGS)), *inbound.learners_folders(hub)]:
         with safefiles.opened(folder):
             try:
                 arrivals += arrivals_in(queue, folder, assignments, seen)
