@@ -190,7 +190,7 @@ def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADI
     finally:
         RUNNING.pop(job.id, None)
         limits.release(group)
-        limits.release(f"autograde-{hub.tag}")  # an autograde step's own group, when the job was killed in it
+        limits.release(f"autograde-{hub.tag}-job-{job.id}")  # its autograde step's group (autograde.run_name), if killed in it
         disks.remove_gradings(hub, job.id)  # its file system, when the job was killed before it removed it
     after = queue.get(job.id)
     if after is not None and after.state == "running" and not STOPPING.is_set():
