@@ -52,6 +52,12 @@ def notebook(answer: str) -> dict:
                                                         "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}
 
 
+def graded_outputs(hub: Hub, student: str) -> str:
+    """The text the answer cell of ``student``'s autograded notebook printed."""
+    nb = json.loads((hub.course / "autograded" / student / ASSIGNMENT / f"{NOTEBOOK}.ipynb").read_text())
+    return "".join("".join(out.get("text", "")) for out in nb["cells"][1].get("outputs", []))
+
+
 def make_hub(parent: str = "/srv") -> Hub:
     """The hub (module doc), its assignment generated into the instructor's gradebook."""
     from multigpu.workshop import autograde
@@ -75,20 +81,37 @@ def make_hub(parent: str = "/srv") -> Hub:
     return hub
 
 
-def submit(hub: Hub, queue: jobs.Queue, student: str, answer: str, stamp: str = "2026-11-28 12:00:00.000000 UTC") -> jobs.Job:
-    """``student``'s submission of the lab with ``answer`` (a key of :data:`ANSWERS`): its copy
-    where the service keeps one taken on arrival, and its job in the queue."""
+def submit(hub: Hub, queue: jobs.Queue, student: str, answer: str, stamp: str = "2026-11-28 12:00:00.000000 UTC",
+           source: str | None = None) -> jobs.Job:
+    """``student``'s submission of the lab with ``answer`` (a key of :data:`ANSWERS`, or its name
+    when ``source`` gives the answer cell): its copy where the service keeps one taken on arrival,
+    and its job in the queue."""
     name = f"{student}+{ASSIGNMENT}+{stamp}+{answer}"
     copy = submissions.copy_path(hub, name)
     copy.mkdir(parents=True)
-    nb = notebook(ANSWERS[answer])
-    nb["cells"][1]["source"] = ANSWERS[answer]
+    nb = notebook(source or ANSWERS[answer])
     (copy / f"{NOTEBOOK}.ipynb").write_text(json.dumps(nb))
     (copy / "timestamp.txt").write_text(stamp)
     (copy / "submission_secret.txt").write_text(secrets.token_hex(64))  # as nbgrader submit writes it
     return queue.add(name, student, ASSIGNMENT, stamp)
 
 
+def readable_copy(path: Path, parent: str = "/srv") -> Path:
+    """A copy of ``path`` that every account can read, in a folder of its own outside the folders
+    the grading sandbox hides."""
+    folder = Path(tempfile.mkdtemp(prefix=PREFIX, dir=parent))
+    os.chmod(folder, 0o755)
+    copy = folder / path.name
+    shutil.copyfile(path, copy)
+    os.chmod(copy, 0o644)
+    return copy
+
+
+def remove_folder(folder: Path) -> None:
+    """Remove a hub or a copy this module made (and nothing else)."""
+    if folder.name.startswith(PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def remove_hub(hub: Hub) -> None:
-    if hub.root.name.startswith(PREFIX):
-        shutil.rmtree(hub.root, ignore_errors=True)
+    remove_folder(hub.root)
