@@ -197,15 +197,27 @@ def test_a_grading_whose_nodes_slurmd_dies_is_graded_again_on_the_other_node_and
     assert queue.get(job.id) == graded, "the first grading changed the queue's record"
 
 
+#: A notebook that leaves a daemon behind (its own session, its parent gone: a double fork) whose
+#: command line carries the hub's folder, then sleeps past any limit.
+DAEMON_THEN_SLEEP = """import subprocess, sys, time
+subprocess.Popen(["sh", "-c", "setsid %s -c 'import time; time.sleep(3000)' {mark} &" % sys.executable])
+time.sleep(3600)
+def double(x):
+    return 2 * x"""
+
+
 def test_a_grading_past_its_time_limit_is_ended_by_slurm_the_learner_reads_why_and_nothing_of_it_remains(cluster, hub):
-    """A notebook that sleeps, graded with a 1-minute limit: Slurm ends the job TIMEOUT (its own
-    record), the learner's page says in words that the grading ran past its limit and was stopped,
-    and no process of the grading is left anywhere on the box (its sandboxed kernel included)."""
+    """A notebook that starts a daemon and sleeps, graded with a 1-minute limit: Slurm ends the job
+    TIMEOUT (its own record), the learner's page says in words that the grading ran past its limit
+    and was stopped, and no process of the grading is left anywhere on the box (its sandboxed
+    kernel and the daemon included)."""
     queue = jobs.Queue(hub.queue_db)
-    job = grading_hub.submit(hub, queue, "ben", "sleeps")
+    job = grading_hub.submit(hub, queue, "ben", "sleeps", source=DAEMON_THEN_SLEEP.format(mark=str(hub.root)))
     settings = on_cluster(cluster, timeout_s=60)
     assert settings.minutes == 1
     began = time.monotonic()
+    daemon = until("the notebook's daemon running", lambda: [p for p in processes_of(hub, 0) if "time.sleep(3000)" in p],
+                   hub, queue, settings)
     drain(hub, queue, settings)
     print(f"the sleeping grading ended after {time.monotonic() - began:.0f} s")
     ended = queue.get(job.id)
@@ -218,6 +230,7 @@ def test_a_grading_past_its_time_limit_is_ended_by_slurm_the_learner_reads_why_a
     while processes_of(hub, ended.slurm_job) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not processes_of(hub, ended.slurm_job), "a process of the timed-out grading is still running"
+    assert not slurm_cluster.command_of(int(daemon[0].split()[0])), f"the notebook's daemon outlived the job: {daemon}"
 
 
 def test_the_controller_restarted_with_gradings_waiting_loses_none(cluster, hub):
