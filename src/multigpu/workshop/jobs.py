@@ -271,8 +271,8 @@ class Queue:
             attempts = row["attempts"] - (0 if count else 1)
             if attempts >= MAX_ATTEMPTS:
                 db.execute("UPDATE jobs SET state = 'failed', finished = ?, message = ?, slurm_job = NULL, attempts = ? "
-                           "WHERE id = ?", (time.time(), f"{message}; this was its {attempts}th start, the last: the "
-                                            "instructor has been told, your submission is kept", attempts, job_id))
+                           "WHERE id = ?", (time.time(), f"{message}; it was started {attempts} times, the "
+                                            "most: the instructor has been told, your submission is kept", attempts, job_id))
                 state = "failed"
             else:
                 db.execute("UPDATE jobs SET state = 'queued', message = ?, slurm_job = NULL, attempts = ? WHERE id = ?",
