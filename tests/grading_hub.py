@@ -4,7 +4,7 @@ test cell (1 point), released into the hub course's gradebook by nbgrader; learn
 placed where the service keeps the copy it takes on arrival, and queued. A grading of it is real:
 nbgrader's autograde as the grading account in the grading sandbox, the scores read back and
 recorded, the feedback released. A right answer scores 1/1, a wrong one 0/1, a slow one 1/1
-after 20 s, one that sleeps runs until something stops it.
+after 40 s, one that sleeps runs until something stops it.
 
 The hub lives in a folder of its own under /srv (``/tmp`` is hidden from the grading sandbox, and
 a Slurm node of the test cluster sees the same file system), owned by root, which acts as the
@@ -28,7 +28,7 @@ PREFIX = "multigpu-grading-test-"
 ANSWERS = {
     "right": "def double(x):\n    return 2 * x",
     "wrong": "def double(x):\n    return x + 1",
-    "slow": "import time\ntime.sleep(20)\ndef double(x):\n    return 2 * x",
+    "slow": "import time\ntime.sleep(40)\ndef double(x):\n    return 2 * x",
     "sleeps": "import time\ntime.sleep(3600)\ndef double(x):\n    return 2 * x",
 }
 
