@@ -33,7 +33,7 @@ help:
 	@echo "make test-deps       install what the browser tests need (Debian chromium, playwright)"
 	@echo "make test-browser    end-to-end test of the learner view in headless Chromium (make browser-deps installs it)"
 	@echo "make bench           speed, scaling efficiency and grading cost against their targets (bench/results.md)"
-	@echo "make test-cluster    as root after make cluster-deps: the course's jobs on a real 2-node Slurm test cluster"
+	@echo "make test-cluster    as root after make cluster-deps: the course's jobs and gradings on a real 2-node Slurm test cluster"
 	@echo "make gpu-check       on a GPU machine: every path a GPU changes, run once (bench/gpu-check.md)"
 	@echo "make grade-me        the official grader's verdict on assessments/train.py"
 	@echo "instructor: make collect SUBMISSIONS=dir|zip, autograde, feedback, grades, certificates"
@@ -279,7 +279,8 @@ test-hub: $(STAMP)
 # apt-get installs nothing twice; the lock timeout waits out another apt-get, CI's hub stage, instead
 # of failing). test-cluster runs the course's jobs (multigpu.running.slurm) on a real 2-node test
 # cluster that tests/slurm_cluster.py brings up in network namespaces and removes (root; -m cluster;
-# make test leaves these out). Not built yet: the hub's SlurmSpawner, gradings as Slurm jobs (docs/workshop.md).
+# make test leaves these out), and the grading service's Slurm backend with its faults
+# (tests/test_cluster_grading.py). Not built yet: the hub's SlurmSpawner (docs/workshop.md).
 .PHONY: cluster-deps test-cluster
 cluster-deps:
 	@command -v apt-get >/dev/null || { echo "cluster-deps: no apt-get on this box; install slurmctld, slurmd, slurm-client and munge by hand"; exit 1; }
@@ -291,5 +292,5 @@ cluster-deps:
 test-cluster: $(STAMP)
 	@test "$$(id -u)" = 0 || { echo "test-cluster: run as root (network namespaces, slurmd), after make cluster-deps"; exit 1; }
 	@began=$$(date +%s); status=0; \
-	MULTIGPU_QUICK=1 $(PY) -m pytest -m cluster tests/test_cluster.py -v -rs --durations=10 || status=$$?; \
+	MULTIGPU_QUICK=1 $(PY) -m pytest -m cluster tests/test_cluster.py tests/test_cluster_grading.py -v -rs --durations=10 || status=$$?; \
 	echo "== cluster tests took $$(( $$(date +%s) - began )) s"; exit $$status

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 CONTROLLER_NS = "mgt-ctl"
@@ -102,7 +103,8 @@ def hosts_file() -> str:
 
 
 def slurm_conf(root: Path) -> str:
-    """The cluster's slurm.conf: two nodes of CPUS_PER_NODE, everything local to ``root``."""
+    """The cluster's slurm.conf: two nodes of CPUS_PER_NODE, everything local to ``root``; the
+    partition ``test`` (the default) and ``grading`` (the grading service's, on the same nodes)."""
     nodes = "\n".join(f"NodeName={name} NodeAddr={addr} CPUs={CPUS_PER_NODE} State=UNKNOWN"
                       for name, (_, addr) in NODES.items())
     return f"""\
@@ -140,6 +142,7 @@ MinJobAge=300
 MessageTimeout=10
 {nodes}
 PartitionName=test Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
+PartitionName=grading Nodes={','.join(NODES)} MaxTime=INFINITE State=UP
 """
 
 
@@ -237,17 +240,34 @@ class SlurmCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError("munged did not open its socket within 10 s:\n" + self.logs())
             time.sleep(0.05)
+        self.start_slurmctld()
+        for name in NODES:
+            self.start_slurmd(name)
+
+    def start_slurmctld(self) -> None:
+        """slurmctld, which reads the jobs it had from its state folder (a restart loses none)."""
         self.spawn(CONTROLLER_NS, CONTROLLER_NAME, ["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld.out")
-        for name, (ns, _) in NODES.items():
-            self.spawn(ns, name, ["slurmd", "-D", "-N", name, "-f", str(self.conf)], f"slurmd-{name}.out")
+
+    def start_slurmd(self, name: str) -> None:
+        self.spawn(NODES[name][0], name, ["slurmd", "-D", "-N", name, "-f", str(self.conf)], f"slurmd-{name}.out")
+
+    def kill(self, daemon: str, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to a daemon (``slurmctld``, ``slurmd-mgn1``) and wait for its end; its pid.
+        The job steps a killed slurmd started (slurmstepd and their tasks) run on, as on a node
+        whose slurmd crashed."""
+        proc = self.procs.pop(daemon)
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        return proc.pid
 
     def node_states(self) -> dict[str, str]:
         done = self.client("sinfo", "-h", "-N", "-o", "%N %T", timeout=15)
         return dict(line.split()[:2] for line in done.stdout.splitlines() if len(line.split()) >= 2)
 
-    def wait_idle(self) -> None:
-        """Until both nodes are idle; after ready_timeout_s a RuntimeError with the daemons' logs."""
-        deadline = time.monotonic() + self.ready_timeout_s
+    def wait_idle(self, timeout_s: float | None = None) -> None:
+        """Until both nodes are idle; after ``timeout_s`` (ready_timeout_s) a RuntimeError with the
+        daemons' logs."""
+        deadline = time.monotonic() + (timeout_s or self.ready_timeout_s)
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
             dead = [name for name, p in self.procs.items() if p.poll() is not None]
@@ -280,3 +300,32 @@ class SlurmCluster:
         self.procs.clear()
         if self.root != Path() and self.root.name.startswith(TMP_PREFIX):
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def command_of(pid: int) -> str:
+    """The command line of ``pid``; "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def running() -> Iterator[SlurmCluster]:
+    """The cluster for a test module (``cluster = pytest.fixture(scope="module")(slurm_cluster.running)``):
+    skipped with the reason where this box cannot run it; once the module is done, stopped, and
+    checked gone: no daemon, no namespace, no folder."""
+    import pytest
+
+    why = why_unavailable()
+    if why:
+        pytest.skip(why)
+    began = time.monotonic()
+    with SlurmCluster() as up:
+        print(f"test cluster up in {time.monotonic() - began:.1f} s")
+        root = up.root
+        yield up
+        daemons = [p.pid for p in up.procs.values()]
+    assert not [pid for pid in daemons if command_of(pid)], "a daemon of the test cluster outlived it"
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not [ns for ns in NAMESPACES if ns in names.split()] and not root.exists()

@@ -18,21 +18,7 @@ from multigpu.running.supervisor import WorkerTimeout
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    why = slurm_cluster.why_unavailable()
-    if why:
-        pytest.skip(why)
-    began = time.monotonic()
-    with slurm_cluster.SlurmCluster() as up:
-        print(f"test cluster up in {time.monotonic() - began:.1f} s")
-        daemons = [p.pid for p in up.procs.values()]
-        root = up.root
-        yield up
-    # stopped: no daemon left, no namespace, no folder
-    assert not [pid for pid in daemons if command_of(pid)], "a daemon of the test cluster outlived it"
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert not [ns for ns in slurm_cluster.NAMESPACES if ns in names.split()] and not root.exists()
+cluster = pytest.fixture(scope="module")(slurm_cluster.running)
 
 
 @pytest.fixture(scope="module")
@@ -101,21 +87,13 @@ def test_a_job_past_the_callers_limit_is_cancelled_and_leaves_nothing_behind(clu
 def sleeping(cluster) -> list[int]:
     """The ``sleep`` processes running on the cluster's nodes."""
     pids = [pid for ns, _ in slurm_cluster.NODES.values() for pid in slurm_cluster.namespace_pids(ns)]
-    return [pid for pid in pids if command_of(pid).startswith("sleep")]
+    return [pid for pid in pids if slurm_cluster.command_of(pid).startswith("sleep")]
 
 
 def leftovers(cluster, job_id: int) -> list[str]:
     """Processes of the job still on the nodes: its steps' slurmstepd, srun, the launch step."""
     pids = [pid for ns, _ in slurm_cluster.NODES.values() for pid in slurm_cluster.namespace_pids(ns)]
-    return [c for c in map(command_of, pids) if f"[{job_id}." in c or "srun" in c or "slurm_job" in c]
-
-
-def command_of(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
+    return [c for c in map(slurm_cluster.command_of, pids) if f"[{job_id}." in c or "srun" in c or "slurm_job" in c]
 
 
 def test_a_failing_task_ends_the_job_failed_with_its_output(cluster, client):

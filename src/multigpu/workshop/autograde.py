@@ -1,9 +1,9 @@
 """Step 2 of a grading job: nbgrader's autograde and feedback of one submission, as the grading
 account, in a sandbox, with no solution within reach of the learner's notebook.
 
-A job's scratch folder (``scratch/job-N``: root's, group the grading account, 710, set before
-anything is put in it; a file system of its own size for the job's life, ``disks.grading_space``)
-holds two courses of one assignment, and then the official run's folder:
+A job's scratch folder (``scratch/job-N``, :func:`run_name`: root's, group the grading account,
+710, set before anything is put in it; a file system of its own size for the job's life,
+``disks.grading_space``) holds two courses of one assignment, and then the official run's folder:
 
 1. ``gen/`` (root's, 700): the hub course's source of the assignment (solutions and hidden tests)
    and ``nbgrader generate_assignment`` run as root, which registers the assignment in a fresh
@@ -134,12 +134,25 @@ def run_nbgrader(args: list[str], cwd: Path, *, what: str, user: str | None = No
     return "\n".join(result.output)
 
 
+def run_suffix() -> str:
+    """``-slurmM`` in Slurm job M, else "": the same job may be graded again in another Slurm job
+    while the first, on a node given up for failed, still runs."""
+    slurm = os.environ.get("SLURM_JOB_ID")
+    return f"-slurm{slurm}" if slurm and slurm.isdigit() else ""
+
+
+def run_name(job: Job) -> str:
+    """The name of this grading of ``job``, unique among the gradings that may run at once on one
+    machine: ``job-N``, and ``job-N-slurmM`` in Slurm job M (:func:`run_suffix`)."""
+    return f"job-{job.id}{run_suffix()}"
+
+
 def scratch_course(hub: Hub, job: Job, submitted: Path) -> Path:
-    """``scratch/job-N/course`` (module doc), ready for the grading account; ``gen/`` is gone."""
+    """``scratch/<run_name>/course`` (module doc), ready for the grading account; ``gen/`` is gone."""
     from multigpu.workshop import course
 
     grader = pwd.getpwnam(layout.GRADER_USER)
-    folder = hub.scratch / f"job-{job.id}"  # the job's own file system (``disks.grading_space``)
+    folder = hub.scratch / run_name(job)  # the job's own file system (``disks.grading_space``)
     st = folder.lstat()
     if not stat.S_ISDIR(st.st_mode) or (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (0, grader.pw_gid, 0o710):
         raise JobFailed(f"{folder} is not the grading's folder (root's, group {layout.GRADER_USER}, 710)")
@@ -176,7 +189,8 @@ def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -
 
     def sandboxed(verb: str, timeout: float) -> None:
         run_nbgrader([verb, job.assignment, "--student", job.student, "--force"], scratch, what=f"nbgrader {verb}",
-                     user=layout.GRADER_USER, sandbox_hidden=hidden, group=f"autograde-{hub.tag}", timeout=timeout)
+                     user=layout.GRADER_USER, sandbox_hidden=hidden, group=f"autograde-{hub.tag}-{run_name(job)}",
+                     timeout=timeout)
 
     try:
         log("autograding the notebooks (nbgrader runs them as the grading account, sandboxed)")

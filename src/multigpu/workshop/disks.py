@@ -154,22 +154,24 @@ def detach_exchange(hub: Hub) -> None:
     detach(hub.exchange)
 
 
-def grading_image(hub: Hub, job_id: int) -> Path:
-    return hub.state / "disks" / f"grading-{job_id}.img"
+def grading_image(hub: Hub, job_id: int, run: str = "") -> Path:
+    return hub.state / "disks" / f"grading-{job_id}{run}.img"
 
 
 @contextlib.contextmanager
-def grading_space(hub: Hub, job_id: int, gid: int, log: Callable[[str], None] = print) -> Iterator[Path]:
-    """One grading's folder, ``scratch/job-N`` (root's, group ``gid``, 710), for the grading's life:
+def grading_space(hub: Hub, job_id: int, gid: int, log: Callable[[str], None] = print,
+                  run: str = "") -> Iterator[Path]:
+    """One grading's folder, ``scratch/job-N`` (``job-N-slurmM`` with ``run`` "-slurmM": a grading
+    in Slurm job M, ``autograde.run_suffix``; root's, group ``gid``, 710), for the grading's life:
     a file system of its own of ``MULTIGPU_GRADING_DISK_MB`` (no journal: it ends with the grading),
     so what a learner's notebook or train.py writes there (the autograde's course, the official
     run's folder) meets "No space left on device" at that size, not on the box's disk. Whatever a
     killed grading of the same job left is removed first; everything goes after. Where the box
     cannot mount images (:func:`unavailable`) the folder is a plain one, and the log says so."""
-    folder, image = hub.scratch / f"job-{job_id}", grading_image(hub, job_id)
+    folder, image = hub.scratch / f"job-{job_id}{run}", grading_image(hub, job_id, run)
 
     def remove() -> None:
-        remove_gradings(hub, job_id)
+        remove_gradings(hub, job_id, run)
         if folder.is_dir() and not os.path.ismount(folder):  # a plain folder (no loop devices): a learner's tree
             with safefiles.opened(os.open(folder.parent, safefiles.DIR_FLAGS)) as parent:
                 safefiles.remove_entry(parent, folder.name)
@@ -194,12 +196,13 @@ def grading_space(hub: Hub, job_id: int, gid: int, log: Callable[[str], None] = 
         remove()
 
 
-def remove_gradings(hub: Hub, job_id: int | None = None) -> int:
-    """Unmount and delete the file systems gradings left (job ``job_id``'s, or every job's): a
+def remove_gradings(hub: Hub, job_id: int | None = None, run: str = "") -> int:
+    """Unmount and delete the file systems gradings left (job ``job_id``'s of ``run``, or every
+    job's, those of Slurm jobs included): a
     grading killed before its own clean-up (its time limit, a stop of the service or the hub). The
     service calls it after each grading and at its start, ``multigpu workshop stop`` at the end.
     Returns how many were mounted."""
-    which = "*" if job_id is None else str(job_id)
+    which = "*" if job_id is None else f"{job_id}{run}"
     mounted = 0
     if hub.scratch.is_dir():
         for folder in hub.scratch.glob(f"job-{which}"):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from multigpu.workshop import disks, layout, ngshare, safefiles, submissions
-from multigpu.workshop.autograde import JobFailed, autograde, hidden_from_learners
+from multigpu.workshop.autograde import JobFailed, autograde, hidden_from_learners, run_suffix
 from multigpu.workshop.jobs import Job
 from multigpu.workshop.layout import Hub
 
@@ -161,7 +161,7 @@ def run(hub: Hub, job: Job, log: Callable[[str], None] = print) -> tuple[str, st
     """Grade ``job``; ``(state, message for the learner, result)``."""
     start = time.monotonic()
     try:
-        with disks.grading_space(hub, job.id, pwd.getpwnam(layout.GRADER_USER).pw_gid, log) as space:
+        with disks.grading_space(hub, job.id, pwd.getpwnam(layout.GRADER_USER).pw_gid, log, run_suffix()) as space:
             try:
                 state, message, result = steps(hub, job, space, log)
             except JobFailed as e:

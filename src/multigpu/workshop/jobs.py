@@ -11,6 +11,12 @@ many submissions never hold up the others. A job found ``running`` when the serv
 cut off by a restart: it goes back to the head of the queue, and fails with a message after
 :data:`MAX_ATTEMPTS` such starts. Entries of the exchange that are not submissions are recorded
 once, with why, in a table of their own (:meth:`Queue.ignore`), so they are never looked at again.
+
+Where gradings run as Slurm jobs (:mod:`slurmgrading`), a ``running`` job also holds the id of
+the Slurm job grading it (``slurm_job``; a database made before that column gets it when opened):
+a restart leaves such a job to the service, which follows it in Slurm (:meth:`Queue.recover` with
+``keep_slurm``); :meth:`Queue.requeue` sends it back when its node failed, and
+:meth:`Queue.finish` with ``slurm_job`` records a result only from the Slurm job it names.
 """
 
 from __future__ import annotations
@@ -89,6 +95,7 @@ class Job:
     attempts: int
     message: str
     result: dict[str, Any] | None
+    slurm_job: int | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Job:
@@ -105,6 +112,9 @@ class Queue:
         with self._db() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(SCHEMA)
+            columns = {r["name"] for r in db.execute("PRAGMA table_info(jobs)")}
+            if "slurm_job" not in columns:  # a queue made before gradings ran as Slurm jobs
+                db.execute("ALTER TABLE jobs ADD COLUMN slurm_job INTEGER")
 
     def _db(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
@@ -185,11 +195,13 @@ class Queue:
             raise RuntimeError(f"the grading queue {self.path} lost the job it just recorded")
         return job
 
-    def recover(self) -> list[Job]:
+    def recover(self, keep_slurm: bool = False) -> list[Job]:
         """After a restart: jobs cut off while running go back to the queue (or fail after
-        :data:`MAX_ATTEMPTS` starts). Returns the jobs it touched."""
+        :data:`MAX_ATTEMPTS` starts); with ``keep_slurm``, those a Slurm job grades stay running
+        (the service follows them). Returns the jobs it touched."""
         with self._db() as db:
-            rows = [Job.from_row(r) for r in db.execute("SELECT * FROM jobs WHERE state = 'running'")]
+            kept = " AND slurm_job IS NULL" if keep_slurm else ""
+            rows = [Job.from_row(r) for r in db.execute("SELECT * FROM jobs WHERE state = 'running'" + kept)]
             for job in rows:
                 if job.attempts >= MAX_ATTEMPTS:
                     db.execute("UPDATE jobs SET state = 'failed', finished = ?, message = ? WHERE id = ?",
@@ -225,12 +237,55 @@ class Queue:
                                                 "GROUP BY student")}
         return turns(queued, last)
 
-    def finish(self, job_id: int, state: str, message: str, result: dict[str, Any] | None = None) -> None:
+    def finish(self, job_id: int, state: str, message: str, result: dict[str, Any] | None = None,
+               slurm_job: int | None = None) -> bool:
+        """Record the job's end. With ``slurm_job``, only while the job is running in that Slurm
+        job (a result of an earlier Slurm job of it, whose node was given up, is not its result).
+        Whether it was recorded."""
         if state not in ("done", "failed"):
             raise ValueError(f"a job finishes done or failed, not {state!r}")
+        fence, args = ("", ()) if slurm_job is None else (" AND state = 'running' AND slurm_job = ?", (slurm_job,))
         with self._db() as db:
-            db.execute("UPDATE jobs SET state = ?, finished = ?, message = ?, result = ? WHERE id = ?",
-                       (state, time.time(), message, json.dumps(result) if result is not None else None, job_id))
+            done = db.execute("UPDATE jobs SET state = ?, finished = ?, message = ?, result = ? WHERE id = ?" + fence,
+                              (state, time.time(), message, json.dumps(result) if result is not None else None, job_id,
+                               *args))
+        return done.rowcount == 1
+
+    def set_slurm(self, job_id: int, slurm_job: int, message: str) -> None:
+        """The running job is graded by Slurm job ``slurm_job``."""
+        with self._db() as db:
+            db.execute("UPDATE jobs SET slurm_job = ?, message = ? WHERE id = ? AND state = 'running'",
+                       (slurm_job, message, job_id))
+
+    def requeue(self, job_id: int, message: str, count: bool = True) -> str:
+        """A running job back to the head of the queue (its grading was lost: a node failed, the
+        scheduler did not take it); past :data:`MAX_ATTEMPTS` starts it fails instead. ``count``
+        False: the start did not happen (the job was never handed to Slurm), so it is not counted.
+        Returns the job's new state."""
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            row = db.execute("SELECT attempts FROM jobs WHERE id = ? AND state = 'running'", (job_id,)).fetchone()
+            if row is None:
+                db.execute("COMMIT")
+                return ""
+            attempts = row["attempts"] - (0 if count else 1)
+            if attempts >= MAX_ATTEMPTS:
+                db.execute("UPDATE jobs SET state = 'failed', finished = ?, message = ?, slurm_job = NULL, attempts = ? "
+                           "WHERE id = ?", (time.time(), f"{message}; it was started {attempts} times, the "
+                                            "most: the instructor has been told, your submission is kept", attempts, job_id))
+                state = "failed"
+            else:
+                db.execute("UPDATE jobs SET state = 'queued', message = ?, slurm_job = NULL, attempts = ? WHERE id = ?",
+                           (message, attempts, job_id))
+                state = "queued"
+            db.execute("COMMIT")
+        return state
+
+    def in_slurm(self) -> list[Job]:
+        """The running jobs that Slurm jobs grade, oldest first."""
+        with self._db() as db:
+            return [Job.from_row(r) for r in db.execute("SELECT * FROM jobs WHERE state = 'running' AND slurm_job IS NOT "
+                                                        "NULL ORDER BY id")]
 
     def note(self, job_id: int, message: str) -> None:
         """Progress of a running job, for its learner's page."""

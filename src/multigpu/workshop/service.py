@@ -1,17 +1,14 @@
-"""The grading service of a workshop hub (JupyterHub starts it: ``hubconfig``; run by hand with
-``python -m multigpu.workshop.service``).
-
-Every few seconds it looks for new submissions in nbgrader's exchange (the file exchange's
-inbound folder on one box and each learner's own, :mod:`inbound`, each entry checked on its own and the submission copied as it
-arrived: :mod:`submissions`; ngshare on Kubernetes, :mod:`ngshare`) and records each one in the
-queue on disk (:mod:`jobs`); one at a time, learners in turn, it grades a job in a child process
-pinned to the cores kept for grading, in a control group of its own whose leftovers are killed
-when it ends (``multigpu workshop grade-job ID`` through ``multigpu.running.launch``, bounded by
-``MULTIGPU_GRADING_TIMEOUT``). Its page (``/services/grading/``, behind the hub's login) shows a
-learner their own submissions only: place in the queue, state, scores, the grader's report,
-feedback and certificate; an instructor sees every learner's, and the exchange's entries that
-were not graded. Feedback pages (nbgrader's HTML, with content the learner wrote) are served
-under ``Content-Security-Policy: sandbox``: no script in them runs on the hub's origin.
+"""The grading service of a workshop hub (JupyterHub starts it: ``hubconfig``; by hand: ``python -m
+multigpu.workshop.service``). Every few seconds it looks for new submissions in nbgrader's exchange
+(the file exchange's inbound folder on one box and each learner's own, :mod:`inbound`, each entry
+checked on its own and copied as it arrived: :mod:`submissions`; ngshare on Kubernetes) and records
+each in the queue on disk (:mod:`jobs`); one at a time, learners in turn, it grades a job in a child
+process on the grading cores, in a control group whose leftovers are killed when it ends (``multigpu
+workshop grade-job ID``, bounded by ``MULTIGPU_GRADING_TIMEOUT``), or, with ``MULTIGPU_GRADING_SLURM=1``,
+hands the jobs to a Slurm cluster, several at once (:mod:`slurmgrading`). Its page (``/services/grading/``,
+behind the hub's login) shows a learner their own submissions only: place in the queue (and Slurm
+job), state, scores, report, feedback and certificate; an instructor sees every learner's and the
+exchange's entries not graded. Feedback pages (learner-written HTML) get ``Content-Security-Policy: sandbox``.
 """
 
 from __future__ import annotations
@@ -190,7 +187,7 @@ def grade_one(hub: Hub, queue: jobs.Queue, job: jobs.Job, timeout: float = GRADI
     finally:
         RUNNING.pop(job.id, None)
         limits.release(group)
-        limits.release(f"autograde-{hub.tag}")  # an autograde step's own group, when the job was killed in it
+        limits.release(f"autograde-{hub.tag}-job-{job.id}")  # its autograde step's group (autograde.run_name), if killed in it
         disks.remove_gradings(hub, job.id)  # its file system, when the job was killed before it removed it
     after = queue.get(job.id)
     if after is not None and after.state == "running" and not STOPPING.is_set():
@@ -250,7 +247,8 @@ def render(hub: Hub, queue: jobs.Queue, user: str, instructor: bool, prefix: str
     rows = []
     for job in shown:
         place = queue.position(job)
-        state = job.state + (f" (place {place} in the queue)" if place else "")
+        state = job.state + (f" (place {place} in the queue)" if place else "") + \
+            (f", Slurm job {job.slurm_job}" if job.slurm_job else "")
         detail = html.escape(job.message)
         res = job.result or {}
         links = []
@@ -373,14 +371,17 @@ async def main() -> None:
     import signal
     from urllib.parse import urlparse
 
+    from multigpu.workshop import slurmgrading  # here: the module-level import line is full
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop, sig)
 
     hub = Hub.default()
     queue = jobs.Queue(hub.queue_db, limit=int(os.environ.get("MULTIGPU_QUEUE_LIMIT") or jobs.QUEUE_LIMIT))
-    if disks.remove_gradings(hub):
+    on_slurm = slurmgrading.Settings.from_env(GRADING_TIMEOUT_S)  # None: graded here, one at a time
+    if on_slurm is None and disks.remove_gradings(hub):  # on Slurm, the nodes' gradings are not this box's
         print("grading service: removed the file systems of gradings cut off by a stop", flush=True)
-    for job in queue.recover():
+    for job in queue.recover(keep_slurm=on_slurm is not None):
         print(f"job {job.id} ({job.student} {job.assignment}) was cut off by a restart: queued again", flush=True)
     source = ngshare.Ngshare.from_env()
     print(f"reading submissions from {source.url if source else hub.inbound}", flush=True)
@@ -391,6 +392,7 @@ async def main() -> None:
     print(f"grading service on {url.geturl()}, grading on cores {os.environ.get('MULTIGPU_GRADING_CORES_LIST', 'any')}",
           flush=True)
     await asyncio.gather(scanner(hub, queue, source),
+                         slurmgrading.worker(hub, queue, on_slurm) if on_slurm else
                          worker(hub, queue, float(os.environ.get("MULTIGPU_GRADING_TIMEOUT") or GRADING_TIMEOUT_S)))
 
 
