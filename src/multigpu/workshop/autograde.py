@@ -76,12 +76,12 @@ def env(home: Path) -> dict[str, str]:
 def hidden_from_learners(hub: Hub) -> list[Path]:
     """What no learner code the hub runs may see, besides what the sandbox always hides: the hub's
     root (course, exchange, state, other gradings), the signing key's folder wherever the
-    operator keeps it, and other copies of the course learners could read (``copies.open_copies``)."""
+    operator keeps it, and other copies of the course learners could read (``copies.to_hide``)."""
     from multigpu.grading import rules
     from multigpu.workshop import copies
 
     keys = [rules.course_key_path()] + [Path(p) for p in [os.environ.get("MULTIGPU_CERTIFICATE_KEY")] if p]
-    return [hub.root, *(k.expanduser().resolve().parent for k in keys), *copies.open_copies()]
+    return [hub.root, *(k.expanduser().resolve().parent for k in keys), *copies.to_hide()]
 
 
 def autograde_budget(assignment: Path) -> float:

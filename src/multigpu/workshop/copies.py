@@ -7,6 +7,7 @@ the grading sandbox (``autograde.hidden_from_learners``).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 #: Where other copies of the course may be kept: every folder at the top of the file system but the
@@ -86,3 +87,10 @@ def open_copies() -> list[Path]:
     # a clone's .git holds the solutions too, whatever the mode of its solutions/
     return [c for c in course_copies(checkout_roots())
             if readable_by_learners(c / "solutions") or ((c / ".git").exists() and readable_by_learners(c / ".git"))]
+
+
+def to_hide() -> list[Path]:
+    """:func:`open_copies` but the one the hub runs from (its package or its Python inside): hiding
+    that would take the hub's own programs away; the sandbox hides its ``solutions/`` itself."""
+    running = {Path(__file__).resolve(), Path(sys.executable).resolve(), Path(sys.executable).absolute()}
+    return [c for c in open_copies() if not any(c in r.parents for r in running)]

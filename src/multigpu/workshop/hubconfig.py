@@ -197,7 +197,7 @@ def server_command(name: str, port: int, cmd: list[str], learners_hub: Hub | Non
     proxy reaches it at ``127.0.0.1:port`` and it reaches the hub's API; nothing else crosses.
     Its shared memory is bounded by a learner's memory share; a learner's (``learners_hub``) sees
     that hub's exchange read-only, its inbound folder their own (``inbound``), and every other copy
-    of the course they could read as an empty folder (``copies.open_copies``)."""
+    of the course they could read as an empty folder (``copies.to_hide``)."""
     if "multigpu.workshop.namespaces" in cmd:
         return cmd  # already wrapped (a restart of the same spawner)
     hub_port = internal_ports()["MULTIGPU_HUB_INTERNAL_PORT"]
@@ -205,7 +205,7 @@ def server_command(name: str, port: int, cmd: list[str], learners_hub: Hub | Non
     return [sys.executable, "-I", "-m", "multigpu.workshop.namespaces", "--user", name, "--port", str(port),
             "--relay", str(hub_port), "--shm-bytes", str(shm),
             *(["--exchange", str(learners_hub.exchange), "--inbound", str(learners_hub.inbound)] if learners_hub else []),
-            *[arg for copy in (copies.open_copies() if learners_hub else []) for arg in ("--hide", str(copy))],
+            *[arg for copy in (copies.to_hide() if learners_hub else []) for arg in ("--hide", str(copy))],
             "--", *cmd]
 
 
