@@ -184,7 +184,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     for p in alive:
         p.kill()
     had_proxy = proxy.stop(hub)
-    users = accounts.members(layout.LEARNERS_GROUP) | accounts.members(layout.INSTRUCTORS_GROUP)
+    users = {p.info["username"] for p in procs}  # this hub's (a second hub's servers are not this stop's)
     groups = [g for g in limits.groups() if g.removeprefix("user-") in users]
     for group in groups:  # what is left in a server's control group goes with it (its namespaces went with the server)
         limits.release(group)
