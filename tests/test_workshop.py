@@ -437,3 +437,25 @@ def test_a_hub_under_a_folder_each_server_has_its_own_is_refused_with_where_to_p
     monkeypatch.setenv("MULTIGPU_COURSE_ROOT", str(tmp_path))
     why = layout.Hub(Path("/srv/multigpu")).hidden_from_servers()
     assert why is not None and f"the course's checkout {tmp_path}" in why and "clone the course elsewhere" in why
+
+
+def test_looking_at_a_folder_that_keeps_changing_leaves_no_descriptor_open(tmp_path):
+    """A learner's valid-looking folder whose inner file changes all the time: each scan finds it
+    unsettled, and used to keep the inner folder's descriptor open (a red-team pass measured 100
+    descriptors per 10 s from one learner: the service would stop at its limit for everyone)."""
+    from multigpu.workshop import submissions
+
+    inner = tmp_path / "sub" / "x"
+    inner.mkdir(parents=True)
+    (inner / "f").write_text("changing")
+    time.sleep(submissions.SETTLE_S + 0.2)  # the folders settle; only the file changes from now on
+    before = len(os.listdir("/proc/self/fd"))
+    fd = os.open(tmp_path / "sub", os.O_RDONLY)
+    try:
+        for _ in range(50):
+            (inner / "f").write_text("again")  # its inode changes now: the inner folder is not settled
+            assert not submissions.settled(fd, time.time())
+        assert submissions.settled(fd, time.time() + 60)
+    finally:
+        os.close(fd)
+    assert len(os.listdir("/proc/self/fd")) == before, "a descriptor was left open"

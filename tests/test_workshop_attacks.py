@@ -1361,6 +1361,20 @@ print("flooded")
 """
 
 
+def logged_in_again(hub: ScratchHub, user: str) -> bool:
+    """``user`` logged in with a server again, once the hub has seen the last one stop (until then
+    the login answers 503)."""
+    from multigpu.workshop.learnerclient import LearnerError
+
+    try:
+        server(hub, user)
+    except LearnerError as e:
+        if "HTTP 503" in str(e):
+            return False
+        raise
+    return True
+
+
 def test_19_a_learners_server_output_fills_at_most_their_hours_budget_of_the_hubs_log_restart_or_not(hub):
     """A's kernel writes 400 000 empty lines and 12 MB of text to the server's output, then A's server
     is restarted and A writes again: the hub's log takes at most the learner's 10 MB an hour in all
@@ -1381,6 +1395,7 @@ def test_19_a_learners_server_output_fills_at_most_their_hours_budget_of_the_hub
         assert "flooded" in in_kernel(hub, a, OUTPUT_FLOOD)
         stop_server_of(a)
         _SERVERS.pop(a)
+        wait_for(f"{a} could not log in again", lambda: logged_in_again(hub, a), 180, hub)
         seen = json.loads(in_kernel(hub, a, f"import json, os; print(json.dumps(os.listdir({str(copy)!r})))").strip())
         assert seen == [], f"A reads another copy of the course: {seen}"
         assert "flooded" in in_kernel(hub, a, OUTPUT_FLOOD)
@@ -1395,3 +1410,50 @@ def test_19_a_learners_server_output_fills_at_most_their_hours_budget_of_the_hub
     assert grown <= serverlog.LOG_BYTES + 4096, f"A's server wrote {grown} bytes of the hub's log"
     assert not [line for line in mine if line == f"[server of {a}] "], "an empty line was logged"
     assert sum("is not logged" in line for line in mine) == 1, "the budget's end was not said once"
+
+
+def test_20_a_flood_at_a_dead_route_adds_at_most_the_proxys_budget_to_its_log(hub):
+    """A route whose server is gone (a learner killed their own server; the hub notices within a
+    poll): every request to it is a 503 line in the proxy's log, with the whole URL. 8 threads send
+    requests with 12 KB URLs at such a route for 15 s: the proxy's log grows at most its 10 MB an
+    hour, each line cut (``serverlog`` between the proxy and its log). (Before: 37.9 MB in 15 s.)"""
+    import threading
+    import urllib.request
+
+    from multigpu.running import launch
+    from multigpu.workshop import serverlog
+
+    api = f"http://127.0.0.1:{hub.env['MULTIGPU_PROXY_API_PORT']}/api/routes/user/deadroute"
+    token = (hub.hub.state / "proxy-token").read_text().strip()
+    add = urllib.request.Request(api, method="POST", data=json.dumps({"target": f"http://127.0.0.1:{launch.free_port()}"})
+                                 .encode(), headers={"Authorization": f"token {token}"})
+    urllib.request.urlopen(add, timeout=30).close()
+    log = hub.hub.state / "proxy.log"
+    before = log.stat().st_size if log.exists() else 0
+    sent, until = [0] * 8, time.monotonic() + 15
+
+    def flood(i: int) -> None:
+        while time.monotonic() < until:
+            try:
+                urllib.request.urlopen(f"{hub.base}/user/deadroute/{'x' * 6000}?q={'y' * 6000}", timeout=10).close()
+            except Exception:
+                pass
+            sent[i] += 1
+
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        urllib.request.urlopen(urllib.request.Request(api, method="DELETE", headers={"Authorization": f"token {token}"}),
+                               timeout=30).close()
+    time.sleep(1)
+    grown = log.stat().st_size - before
+    with open(log, "rb") as f:
+        f.seek(before)
+        lines = f.read().decode(errors="replace").splitlines()
+    assert sum(sent) > 300, f"only {sum(sent)} requests: the flood tests nothing"
+    assert [line for line in lines if "deadroute" in line], "the proxy logged none of them: the test sees nothing"
+    assert grown <= serverlog.LOG_BYTES + 4096 and all(len(line) <= 2100 for line in lines), (grown, max(map(len, lines)))

@@ -20,6 +20,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -93,9 +94,17 @@ def ensure(hub: Hub, settings: Settings) -> int:
             return pid
         stop(hub)
     env = dict(os.environ, CONFIGPROXY_AUTH_TOKEN=token(hub))
-    with open(hub.state / "proxy.log", "ab") as log:
-        proc = subprocess.Popen(settings.command(), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+    # its output through serverlog's bounds into proxy.log: a 503 line holds the whole URL a visitor chose
+    read, write = os.pipe()
+    subprocess.Popen([sys.executable, "-m", "multigpu.workshop.serverlog", "--name", f"proxy-{hub.tag}",
+                      "--out", str(hub.state / "proxy.log")], stdin=read, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc = subprocess.Popen(settings.command(), env=env, stdin=subprocess.DEVNULL, stdout=write, stderr=write,
                                 start_new_session=True)
+    finally:
+        os.close(read)
+        os.close(write)
     pid_file(hub).write_text(str(proc.pid))
     recorded.write_text(json.dumps(asdict(settings)))
     deadline = time.monotonic() + START_S

@@ -1,4 +1,5 @@
-"""What a learner's server may write to the hub's log (:mod:`namespaces` copies its output there).
+"""What a learner's server may write to the hub's log (:mod:`namespaces` copies its output there), and
+the proxy to its own (:func:`main`).
 
 The server's output (its stdout and stderr, and every kernel's, which inherit them) is the
 learner's to choose: each line goes to the hub's log under the learner's name, control characters
@@ -36,8 +37,9 @@ class ServerLog:
     to ``out`` (the hub's log: this process's stderr) as the module doc says."""
 
     def __init__(self, fd: int, user: str, budgets: Path = BUDGETS, clock: Callable[[], float] = time.time,
-                 out: TextIO | None = None) -> None:
-        self.fd, self.user, self.prefix, self.partial = fd, user, f"[server of {user}] ", b""
+                 out: TextIO | None = None, prefix: str | None = None) -> None:
+        self.fd, self.user, self.partial = fd, user, b""
+        self.prefix = f"[server of {user}] " if prefix is None else prefix
         self.budgets, self.clock, self.out = budgets, clock, out
         self.window, self.written = self.load()
         self.saved = self.written
@@ -73,6 +75,11 @@ class ServerLog:
             return
         if not chunk:
             asyncio.get_running_loop().remove_reader(self.fd)
+        self.feed(chunk)
+
+    def feed(self, chunk: bytes) -> None:
+        """One read's bytes (``b""``: the output ended)."""
+        if not chunk:
             chunk, self.partial = self.partial + b"\n" if self.partial else b"", b""
         *lines, self.partial = (self.partial + chunk).split(b"\n")
         if len(self.partial) > 2000:
@@ -98,3 +105,26 @@ class ServerLog:
                    f"{LOG_BYTES // 2**20} MB, is not logged)\n"
             self.save()
         self.write(line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m multigpu.workshop.serverlog --name NAME --out FILE``: standard input into FILE
+    under the same rules and budget (``NAME``'s): the proxy's output (``proxy.ensure``), which anyone
+    who reaches the room's port can make long (a 503 line holds the whole URL)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--name", required=True)
+    p.add_argument("--out", required=True, type=Path)
+    args = p.parse_args(argv)
+    with open(args.out, "a", encoding="utf-8", errors="replace") as out:
+        log = ServerLog(0, args.name, out=out, prefix="")
+        os.set_blocking(0, True)
+        while chunk := os.read(0, 1 << 16):
+            log.feed(chunk)
+        log.feed(b"")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

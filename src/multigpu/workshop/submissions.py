@@ -120,10 +120,10 @@ def settled(folder_fd: int, now: float) -> bool:
     """Whether nothing in the folder (its entries, their inode changes included) changed in the
     last :data:`SETTLE_S` seconds; looks at no more entries than a submission may hold."""
     pending = [folder_fd]
-    seen = 0
+    seen, fd = 0, folder_fd
     try:
         while pending:
-            fd = pending.pop()
+            fd = pending.pop()  # closed below, or by the finally when it returns from inside the loop
             if now - os.fstat(fd).st_ctime < SETTLE_S:
                 return False
             for name in os.listdir(fd):
@@ -137,12 +137,12 @@ def settled(folder_fd: int, now: float) -> bool:
                     pending.append(os.open(name, safefiles.DIR_FLAGS, dir_fd=fd))
             if fd != folder_fd:
                 os.close(fd)
+            fd = folder_fd
     except OSError:
         return False
     finally:
-        for fd in pending:
-            if fd != folder_fd:
-                os.close(fd)
+        for left in {*pending, fd} - {folder_fd}:
+            os.close(left)
     return True
 
 
