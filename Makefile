@@ -288,7 +288,8 @@ test-hub: $(STAMP)
 # apt-get installs nothing twice; the lock timeout waits out another apt-get, CI's hub stage, instead
 # of failing). test-cluster runs the course's jobs (multigpu.running.slurm) on a real 2-node test
 # cluster that tests/slurm_cluster.py brings up in network namespaces and removes (root; -m cluster;
-# make test leaves these out). Not built yet: gradings as Slurm jobs (docs/workshop.md).
+# make test leaves these out); tests/test_cluster_hub.py runs the hub with SPAWNER=slurm on it (after make hub-deps).
+# Not built yet: gradings as Slurm jobs (docs/workshop.md).
 .PHONY: cluster-deps test-cluster
 cluster-deps:
 	@command -v apt-get >/dev/null || { echo "cluster-deps: no apt-get on this box; install slurmctld, slurmd, slurm-client and munge by hand"; exit 1; }
@@ -300,5 +301,5 @@ cluster-deps:
 test-cluster: $(STAMP)
 	@test "$$(id -u)" = 0 || { echo "test-cluster: run as root (network namespaces, slurmd), after make cluster-deps"; exit 1; }
 	@began=$$(date +%s); status=0; \
-	MULTIGPU_QUICK=1 $(PY) -m pytest -m cluster tests/test_cluster.py -v -rs --durations=10 || status=$$?; \
+	MULTIGPU_QUICK=1 MULTIGPU_HUB_PREFIX=$(HUB_PREFIX) $(PY) -m pytest -m cluster tests/test_cluster.py tests/test_cluster_hub.py -v -rs --durations=10 || status=$$?; \
 	echo "== cluster tests took $$(( $$(date +%s) - began )) s"; exit $$status
