@@ -27,7 +27,7 @@ import pytest
 import slurm_cluster
 from conftest import REPO
 from multigpu.workshop import roomload, scratch
-from multigpu.workshop.learnerclient import Learner
+from multigpu.workshop.learnerclient import Learner, LearnerError
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -125,6 +125,18 @@ def server_gone(learner: Learner, timeout: float) -> bool:
     return False
 
 
+def start_again(learner: Learner) -> str:
+    """The learner presses Start again; what the spawn page says when the start fails."""
+    r = learner.session.post(f"{learner.base}/hub/api/users/{learner.name}/server",
+                             headers={"X-XSRFToken": learner._xsrf("/hub/")}, timeout=120)
+    # 500 when the start failed before the hub answered (a job that fails at once); the page's
+    # progress events, which wait_ready follows, carry the learner's message
+    assert r.status_code in (201, 202, 500), f"HTTP {r.status_code} {r.text[:300]}"
+    with pytest.raises(LearnerError) as failed:
+        learner.wait_ready(timeout=300)
+    return str(failed.value)
+
+
 def servers_left(cluster, names: list[str]) -> list[str]:
     """The learners' jobs Slurm still runs, and their servers' processes still on this box."""
     live = [f"job {j['JobId']} {j['JobState']}" for j in jobs(cluster).values() if j["JobState"] in ("RUNNING", "PENDING", "COMPLETING")]
@@ -171,6 +183,16 @@ def test_three_learners_servers_run_as_slurm_jobs_and_a_cancelled_one_is_explain
             message = html.unescape(said.group(1))
             assert f"Slurm job {job_id}" in message and "cancelled" in message, message
             print(f"{cancelled} reads: {message}")
+
+            # a job that fails before its server answers (its home closed to it: it cannot chdir there)
+            home = Path(pwd.getpwnam(cancelled).pw_dir)
+            home.chmod(0o000)
+            try:
+                failed = hub.call(start_again, learner)
+            finally:
+                home.chmod(0o700)
+            assert re.search(r"Slurm job \d+\) ended before JupyterLab started: it failed on its node", failed), failed
+            print(f"{cancelled} reads: {failed}")
 
             for name in names[1:]:
                 hub.call(visits[name][0].stop_server)
