@@ -204,10 +204,19 @@ TLS_CERT   ?=
 TLS_KEY    ?=
 TLS_HOST   ?= $(shell hostname -f 2>/dev/null || hostname)
 HUB_URL    ?=
+# SPAWNER=slurm: each user's server is a Slurm job (docs/workshop.md, "The hub on the cluster"):
+# SLURM_PARTITION (default: the cluster's), SLURM_RUNTIME (default 12:00:00), HUB_CONNECT_IP (the
+# hub's address the nodes reach; HUB_IP stays the learners')
+SPAWNER    ?= local
+SLURM_PARTITION ?=
+SLURM_RUNTIME   ?=
+HUB_CONNECT_IP  ?=
 HUB_ENV = MULTIGPU_HUB_ROOT=$(HUB_ROOT) MULTIGPU_HUB_IP=$(HUB_IP) MULTIGPU_HUB_PORT=$(HUB_PORT) \
           MULTIGPU_HUB_INSTRUCTORS=$(INSTRUCTOR) MULTIGPU_HUB_TLS_CERT=$(if $(TLS_CERT),$(abspath $(TLS_CERT))) \
           MULTIGPU_HUB_TLS_KEY=$(if $(TLS_KEY),$(abspath $(TLS_KEY))) \
-          $(if $(HUB_URL),MULTIGPU_HUB_URL=$(HUB_URL)) PATH=$(HUB_PREFIX)/bin:/usr/local/bin:/usr/bin:/bin
+          $(if $(HUB_URL),MULTIGPU_HUB_URL=$(HUB_URL)) MULTIGPU_SPAWNER=$(SPAWNER) \
+          $(if $(SLURM_PARTITION),MULTIGPU_SLURM_PARTITION=$(SLURM_PARTITION)) $(if $(SLURM_RUNTIME),MULTIGPU_SLURM_RUNTIME=$(SLURM_RUNTIME)) \
+          $(if $(HUB_CONNECT_IP),MULTIGPU_HUB_CONNECT_IP=$(HUB_CONNECT_IP)) PATH=$(HUB_PREFIX)/bin:/usr/local/bin:/usr/bin:/bin
 HUB_REPORT ?= bench/hub-load
 
 .PHONY: hub hub-deps hub-learners hub-queue hub-stop hub-check hub-tls hub-load hub-offboard hub-release test-hub
@@ -279,8 +288,8 @@ test-hub: $(STAMP)
 # apt-get installs nothing twice; the lock timeout waits out another apt-get, CI's hub stage, instead
 # of failing). test-cluster runs the course's jobs (multigpu.running.slurm) on a real 2-node test
 # cluster that tests/slurm_cluster.py brings up in network namespaces and removes (root; -m cluster;
-# make test leaves these out), and the grading service's Slurm backend with its faults
-# (tests/test_cluster_grading.py). Not built yet: the hub's SlurmSpawner (docs/workshop.md).
+# make test leaves these out), the grading service's Slurm backend with its faults
+# (tests/test_cluster_grading.py) and the hub with SPAWNER=slurm (tests/test_cluster_hub.py, after make hub-deps).
 .PHONY: cluster-deps test-cluster
 cluster-deps:
 	@command -v apt-get >/dev/null || { echo "cluster-deps: no apt-get on this box; install slurmctld, slurmd, slurm-client and munge by hand"; exit 1; }
@@ -292,5 +301,5 @@ cluster-deps:
 test-cluster: $(STAMP)
 	@test "$$(id -u)" = 0 || { echo "test-cluster: run as root (network namespaces, slurmd), after make cluster-deps"; exit 1; }
 	@began=$$(date +%s); status=0; \
-	MULTIGPU_QUICK=1 $(PY) -m pytest -m cluster tests/test_cluster.py tests/test_cluster_grading.py -v -rs --durations=10 || status=$$?; \
+	MULTIGPU_QUICK=1 MULTIGPU_HUB_PREFIX=$(HUB_PREFIX) $(PY) -m pytest -m cluster tests/test_cluster.py tests/test_cluster_grading.py tests/test_cluster_hub.py -v -rs --durations=10 || status=$$?; \
 	echo "== cluster tests took $$(( $$(date +%s) - began )) s"; exit $$status

@@ -14,6 +14,8 @@ CHP_VERSION=5.3.0
 JUPYTERHUB_VERSION=5.3.0
 # stops servers nobody used for an hour (hubconfig.culler_service)
 IDLE_CULLER_VERSION=2.0.0
+# each learner's server as a Slurm job (make hub SPAWNER=slurm; workshop.slurmhub)
+BATCHSPAWNER_VERSION=1.3.0
 # nbgrader's exchange behind the hub's login, as on Kubernetes (deploy/kubernetes/ngshare.yaml):
 # installed here so `make test-hub` runs it against a real hub (tests/test_workshop_k8s.py).
 # ngshare gets its own environment with SQLAlchemy 1.4: it adds rows the SQLAlchemy 1 way, which
@@ -90,7 +92,7 @@ if [ "$(readlink -f "$prefix/bin/python" 2>/dev/null)" != "$(readlink -f "$pytho
   rm -f "$prefix/.hub-ready" "$prefix/.ngshare-ready"
 fi
 # what the environment was built from: a changed pin or Horovod patch rebuilds it
-want="course=$course jupyterhub=$JUPYTERHUB_VERSION idle-culler=$IDLE_CULLER_VERSION pyproject=$(sha256sum "$course/pyproject.toml" | cut -c1-12) \
+want="course=$course jupyterhub=$JUPYTERHUB_VERSION idle-culler=$IDLE_CULLER_VERSION batchspawner=$BATCHSPAWNER_VERSION pyproject=$(sha256sum "$course/pyproject.toml" | cut -c1-12) \
 horovod-patch=$(sha256sum "$course"/tools/horovod-*.patch | cut -c1-12)"
 # The course's own environment (make setup: the pinned packages, torch, Horovod built against it),
 # copied into the prefix instead of installed a second time: everything but its interpreter, its
@@ -116,14 +118,14 @@ if [ "$(cat "$prefix/.hub-ready" 2>/dev/null)" != "$want" ]; then
     say "copying the course's environment ($course/.venv: its pinned packages, torch, Horovod) into $prefix"
     copy_course_env
     say "JupyterHub $JUPYTERHUB_VERSION"
-    pip "jupyterhub==$JUPYTERHUB_VERSION" "jupyterhub-idle-culler==$IDLE_CULLER_VERSION"
+    pip "jupyterhub==$JUPYTERHUB_VERSION" "jupyterhub-idle-culler==$IDLE_CULLER_VERSION" "batchspawner==$BATCHSPAWNER_VERSION"
     "$prefix/bin/horovodrun" --check-build >/dev/null || fail "Horovod does not load in $prefix after the copy"
   else
     say "installing torch, the course ($course) and JupyterHub $JUPYTERHUB_VERSION into $prefix (minutes)"
     # torch first, from its pin (the course's dependencies would otherwise resolve another build)
     pip "torch==$(sed -n 's/^ *"torch==\([^"]*\)".*/\1/p' "$course/pyproject.toml")"
     say "torch installed; the course and JupyterHub"
-    pip -e "$course" "jupyterhub==$JUPYTERHUB_VERSION" "jupyterhub-idle-culler==$IDLE_CULLER_VERSION"
+    pip -e "$course" "jupyterhub==$JUPYTERHUB_VERSION" "jupyterhub-idle-culler==$IDLE_CULLER_VERSION" "batchspawner==$BATCHSPAWNER_VERSION"
     say "Horovod (the wheel cached by make setup when it was built for the same torch and patch)"
     "$course/tools/install_horovod.sh" "$prefix/bin/python"
   fi

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multigpu.workshop import accounts, disks, limits
+from multigpu.workshop import accounts, disks, limits, netns
 from multigpu.workshop.layout import Hub
 
 #: Where scratch hubs' roots go: not /tmp, which each learner's server sees as its own.
@@ -58,6 +58,8 @@ class ScratchHub:
     proc: Any = None
     #: the certificate a client checks the hub's TLS against (None: plain HTTP)
     verify: str | None = None
+    #: the network namespace the hub and its proxy run in ("": the box's own; ``netns``)
+    netns: str = ""
 
     @property
     def hub(self) -> Hub:
@@ -82,19 +84,24 @@ class ScratchHub:
 
         os.close(os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))  # root's alone: it logs xsrf values
         os.chmod(self.log, 0o600)
-        self.proc = launch.start(["sh", "-c", f'exec "$0" -m multigpu.cli workshop hub --instructor {self.instructor} '
+        inside = netns.prefix(self.netns) if self.netns else []
+        self.proc = launch.start([*inside, "sh", "-c", f'exec "$0" -m multigpu.cli workshop hub --instructor {self.instructor} '
                                   f'>>"{self.log}" 2>&1', self.python], env=self.env, capture=False)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the hub exited ({self.proc.returncode}):\n{self.tail()}")
             try:
-                if requests.get(self.base + "/hub/api", timeout=5, verify=self.verify or True).status_code == 200:
+                if self.call(requests.get, self.base + "/hub/api", timeout=5, verify=self.verify or True).status_code == 200:
                     return
             except requests.RequestException:
                 pass
             time.sleep(0.5)
         raise RuntimeError(f"the hub did not answer within {timeout:.0f} s:\n{self.tail()}")
+
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` where the hub's address is reachable (inside its namespace, if any)."""
+        return netns.call_in(self.netns, fn, *args, **kwargs) if self.netns else fn(*args, **kwargs)
 
     def stop(self) -> None:
         """Stop the hub process (SIGTERM, as Ctrl-C would); what it leaves running stays."""
@@ -158,9 +165,10 @@ def hub_env(root: Path, python: str, instructor: str, key: Path, **extra: str) -
 
 @contextlib.contextmanager
 def scratch_hub(tag: str, learners: list[str], *, python: str = sys.executable, profile: str = "quick",
-                tls: bool = False, start: bool = True, **extra_env: str) -> Iterator[ScratchHub]:
+                tls: bool = False, start: bool = True, namespace: str = "", **extra_env: str) -> Iterator[ScratchHub]:
     """A hub in a temporary root with the instructor ``<tag>i`` and ``learners`` (see the module doc).
-    ``tls``: a self-signed pair made by ``multigpu workshop tls``, served over HTTPS."""
+    ``tls``: a self-signed pair made by ``multigpu workshop tls``, served over HTTPS. ``namespace``:
+    the hub and its proxy run in that network namespace (``ScratchHub.call`` reaches them)."""
     SCRATCH_PARENT.mkdir(mode=0o755, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix=f"multigpu-hub-{tag}-", dir=SCRATCH_PARENT))
     os.chmod(root, 0o755)
@@ -168,7 +176,7 @@ def scratch_hub(tag: str, learners: list[str], *, python: str = sys.executable, 
     instructor = f"{tag}i"
     env = hub_env(root, python, instructor, keys / "course-key.pem", MULTIGPU_GRADING_PROFILE=profile, **extra_env)
     scheme = "https" if tls else "http"
-    h = ScratchHub(root, env, f"{scheme}://127.0.0.1:{env['MULTIGPU_HUB_PORT']}", instructor, python)
+    h = ScratchHub(root, env, f"{scheme}://127.0.0.1:{env['MULTIGPU_HUB_PORT']}", instructor, python, netns=namespace)
     stopped = terminate_by_exception()
     try:
         if tls:
