@@ -162,7 +162,7 @@ def run_namespaces(user: pwd.struct_passwd, cmd: Sequence[str], shm_bytes: int, 
         private_folders(shm_bytes)
         if exchange is not None:
             learners_exchange(user, *exchange)
-        for folder in hide:  # an empty, read-only folder in its place
+        for folder in (f for f in hide if os.path.isdir(f)):  # an empty, read-only folder in its place
             mount("tmpfs", folder, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0755")
         loopback_up()
         os.write(ready, b"namespaces\n")
