@@ -1361,6 +1361,22 @@ print("flooded")
 """
 
 
+def stop_like_the_spawner(user: str) -> None:
+    """Stop ``user``'s server the way JupyterHub's local spawner does: SIGINT, SIGTERM after 10 s,
+    SIGKILL after 5 more."""
+    import signal
+
+    proc = server_process(user)
+    for sig, wait_s in ((signal.SIGINT, 10), (signal.SIGTERM, 5), (signal.SIGKILL, 30)):
+        proc.send_signal(sig)
+        try:
+            proc.wait(wait_s)
+            return
+        except psutil.TimeoutExpired:
+            continue
+    raise AssertionError(f"{user}'s server outlived SIGKILL")
+
+
 def logged_in_again(hub: ScratchHub, user: str) -> bool:
     """``user`` logged in with a server again, once the hub has seen the last one stop (until then
     the login answers 503)."""
@@ -1393,7 +1409,7 @@ def test_19_a_learners_server_output_fills_at_most_their_hours_budget_of_the_hub
             p.chmod(0o755)
         before = hub.log.stat().st_size
         assert "flooded" in in_kernel(hub, a, OUTPUT_FLOOD)
-        stop_server_of(a)
+        stop_like_the_spawner(a)
         _SERVERS.pop(a)
         wait_for(f"{a} could not log in again", lambda: logged_in_again(hub, a), 180, hub)
         seen = json.loads(in_kernel(hub, a, f"import json, os; print(json.dumps(os.listdir({str(copy)!r})))").strip())
