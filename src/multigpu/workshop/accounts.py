@@ -184,6 +184,9 @@ def remove(login: str, group: str = layout.LEARNERS_GROUP) -> None:
 
     disks.detach_home(login)
     _run(["userdel", "--remove", login])
+    from multigpu.workshop import serverlog
+
+    (serverlog.BUDGETS / login).unlink(missing_ok=True)  # their server output's budget of the hour
 
 
 def stop_processes(login: str) -> None:
