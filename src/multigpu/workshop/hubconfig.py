@@ -145,11 +145,7 @@ class WorkshopSpawner(LocalProcessSpawner):
 
     async def start(self) -> Any:
         hub = Hub.default()
-        if self.is_instructor():
-            self.notebook_dir = str(hub.course)
-            self.default_url = "/lab/tree/source"
-        else:
-            self.default_url = "/lab"
+        open_on(self, hub, self.is_instructor())
         if self.port == 0:
             from jupyterhub.utils import random_port
 
@@ -190,6 +186,15 @@ class WorkshopSpawner(LocalProcessSpawner):
             limits.confine(group, os.getpid(), cores=learner_cores, cpu_limit=cpu, mem_limit=mem, pids_limit=pids)
 
         return confine
+
+
+def open_on(spawner: Any, hub: Hub, instructor: bool) -> None:
+    """Where a user's JupyterLab opens: an instructor's in the hub's course, at its sources."""
+    if instructor:
+        spawner.notebook_dir = str(hub.course)
+        spawner.default_url = "/lab/tree/source"
+    else:
+        spawner.default_url = "/lab"
 
 
 def server_command(name: str, port: int, cmd: list[str], learners_hub: Hub | None = None) -> list[str]:

@@ -142,12 +142,7 @@ class SlurmWorkshopSpawner(SlurmSpawner):
         return words(state.group(1) if state else "", reason.group(1) if reason else "")
 
     async def start(self) -> Any:
-        hub = Hub.default()
-        if self.is_instructor():
-            self.notebook_dir = str(hub.course)
-            self.default_url = "/lab/tree/source"
-        else:
-            self.default_url = "/lab"
+        hubconfig.open_on(self, Hub.default(), self.is_instructor())
         self.exec_prefix = self.user_prefix()
         try:
             node, port = await super().start()  # the node's name, as squeue gives it
