@@ -114,4 +114,8 @@ def remove_folder(folder: Path) -> None:
 
 
 def remove_hub(hub: Hub) -> None:
+    from multigpu.workshop import limits
+
+    for group in limits.gradings_of(hub.tag):  # a grading Slurm killed skips its own clean-up
+        limits.release(group)
     remove_folder(hub.root)

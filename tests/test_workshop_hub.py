@@ -207,10 +207,16 @@ def test_hub_stop_returns_as_soon_as_the_servers_are_gone(hub):
     other = subprocess.run([str(HUB_PY), "-m", "multigpu.cli", "workshop", "stop"], capture_output=True, text=True,
                            env=dict(hub.env, MULTIGPU_HUB_ROOT=str(hub.root / "another-hub")), timeout=120)
     assert "stopped 0 server(s)" in other.stdout, "another hub's stop leaves this hub's servers alone"
+    from multigpu.workshop import limits, proxy, serverlog
+
     hub.stop()
+    cut_off = subprocess.Popen(["sleep", "600"])  # an autograde step whose grading was killed before its clean-up
+    limits.confine(f"autograde-{hub.hub.tag}-job-9", cut_off.pid, cores=[0])
     start = time.monotonic()
     out = hub.cli("stop")
     took = time.monotonic() - start
     assert "stopped" in out and "and the proxy" in out, out
     assert took < 15, f"make hub-stop took {took:.0f} s"
     assert hub.proxy_pid() is None
+    assert cut_off.wait(timeout=10) == -9 and limits.gradings_of(hub.hub.tag) == [], "a grading's group was left"
+    assert not (serverlog.BUDGETS / proxy.log_name(hub.hub)).exists(), "the proxy's log budget was left in /run"

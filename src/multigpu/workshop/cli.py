@@ -171,7 +171,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
     import psutil
 
-    from multigpu.workshop import limits, proxy
+    from multigpu.workshop import limits, proxy, serverlog
 
     hub = Hub.default()
     procs = servers_of(hub)
@@ -185,10 +185,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
         p.kill()
     had_proxy = proxy.stop(hub)
     users = {p.info["username"] for p in procs}  # this hub's (a second hub's servers are not this stop's)
-    groups = [g for g in limits.groups() if g.removeprefix("user-") in users]
+    groups = [g for g in limits.groups() if g.removeprefix("user-") in users or g in limits.gradings_of(hub.tag)]
     for group in groups:  # what is left in a server's control group goes with it (its namespaces went with the server)
         limits.release(group)
     disks.remove_gradings(hub)  # a grading's file system, when the stop cut it off
+    (serverlog.BUDGETS / proxy.log_name(hub)).unlink(missing_ok=True)  # the proxy's log budget of the hour
     print(f"stopped {len(procs)} server(s){' and the proxy' if had_proxy else ''}"
           + (f" ({len(alive)} killed after 20 s)" if alive else "") + f"; removed {len(groups)} control group(s)")
     return 0

@@ -205,6 +205,12 @@ def groups() -> list[str]:
     return sorted(found)
 
 
+def gradings_of(tag: str) -> list[str]:
+    """The control groups of the hub ``tag``'s gradings that exist now: the grading's and its
+    autograde steps' (a grading cut off before its own clean-up leaves them)."""
+    return [g for g in groups() if g == f"grading-{tag}" or g.startswith(f"autograde-{tag}-")]
+
+
 def members(name: str) -> set[int]:
     """The processes in the control group ``multigpu/name`` (in any of its hierarchies)."""
     pids: set[int] = set()

@@ -81,6 +81,11 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def log_name(hub: Hub) -> str:
+    """The name under which the proxy's output has its budget (``serverlog``), removed by ``make hub-stop``."""
+    return f"proxy-{hub.tag}"
+
+
 def ensure(hub: Hub, settings: Settings) -> int:
     """The proxy's pid: the one already running with these settings, or a new one."""
     recorded = hub.state / "proxy.json"
@@ -96,7 +101,7 @@ def ensure(hub: Hub, settings: Settings) -> int:
     env = dict(os.environ, CONFIGPROXY_AUTH_TOKEN=token(hub))
     # its output through serverlog's bounds into proxy.log: a 503 line holds the whole URL a visitor chose
     read, write = os.pipe()
-    subprocess.Popen([sys.executable, "-m", "multigpu.workshop.serverlog", "--name", f"proxy-{hub.tag}",
+    subprocess.Popen([sys.executable, "-m", "multigpu.workshop.serverlog", "--name", log_name(hub),
                       "--out", str(hub.state / "proxy.log")], stdin=read, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True)
     try:
