@@ -22,7 +22,7 @@ import pytest
 
 import grading_hub
 import slurm_cluster
-from multigpu.workshop import jobs, service, slurmgrading
+from multigpu.workshop import gradingpage, jobs, service, slurmgrading
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -107,7 +107,7 @@ def test_six_gradings_fan_out_over_both_nodes_each_graded_once(cluster, hub):
     def watch() -> None:
         for job in queue.jobs():
             if job.state == "running" and job.slurm_job:
-                pages.append(service.render(hub, queue, job.student, False, "/services/grading/"))
+                pages.append(gradingpage.render(hub, queue, job.student, False, "/services/grading/"))
 
     seconds = drain(hub, queue, on_cluster(cluster), watch=watch)
     print(f"6 gradings on 2 nodes (Slurm backend): queue drained in {seconds:.1f} s")
@@ -255,7 +255,7 @@ def test_a_grading_past_its_time_limit_and_a_controller_restart_meanwhile(cluste
     records = {queue_id(r): r for r in jobcomp(cluster, hub)}
     assert records[sleeper.id]["JobState"] == "TIMEOUT" and records[sleeper.id]["TimeLimit"] == "1", records[sleeper.id]
     assert ended.state == "failed" and ended.slurm_job == int(records[sleeper.id]["JobId"])
-    page = service.render(hub, queue, "zoe", False, "/services/grading/")
+    page = gradingpage.render(hub, queue, "zoe", False, "/services/grading/")
     assert re.search(r"failed, Slurm job \d+.*ran past its time limit \(1 min\) and Slurm stopped it", page), page
     deadline = time.monotonic() + 30
     while processes_of(hub, ended.slurm_job) and time.monotonic() < deadline:

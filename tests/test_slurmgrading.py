@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from multigpu.workshop import jobs, layout, service, slurmgrading
+from multigpu.workshop import gradingpage, jobs, layout, slurmgrading
 
 
 def test_a_queue_made_before_the_slurm_column_gets_it_and_keeps_its_jobs(tmp_path):
@@ -107,7 +107,7 @@ def test_each_end_of_a_slurm_job_without_a_result_is_told_in_words(tmp_path, sta
     q.set_slurm(job.id, 5, "")
     assert slurmgrading.ended(hub, q, q.get(job.id), state, slurmgrading.Settings(timeout_s=60)) == final
     assert words in q.get(job.id).message
-    page = service.render(hub, q, "ana", False, "/services/grading/")
+    page = gradingpage.render(hub, q, "ana", False, "/services/grading/")
     assert words[:40] in page.replace("&#x27;", "'")
 
 

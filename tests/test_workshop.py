@@ -376,6 +376,48 @@ def test_a_flood_of_entries_in_the_inbound_folder_is_looked_at_in_bounded_batche
     assert (tmp_path / "elsewhere").is_dir(), "a link is removed, never followed"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a submission must belong to the account it names: root's here")
+def test_submissions_refused_or_replaced_on_arrival_count_against_the_share_and_a_good_one_is_still_graded(
+        tmp_path, monkeypatch):
+    """Folders with a valid submission's name that cannot be graded (a FIFO inside) or that a later
+    one replaces at once used to be recorded without end, a row each (a learner's flood grew the
+    queue and the pages by 20 entries a scan). Past the account's share they are removed unrecorded;
+    a good submission after that is still queued."""
+    from multigpu.workshop import service, submissions
+
+    hub = layout.Hub(tmp_path)
+    for folder in (hub.course / "source" / "lab-00", hub.exchange / layout.COURSE_ID / "outbound" / "lab-00",
+                   hub.inbound, hub.submissions):
+        folder.mkdir(parents=True)
+    monkeypatch.setattr(service, "JUNK_PER_ACCOUNT", 3)
+
+    def arrive(i: int, fifo: bool) -> str:
+        name = f"root+lab-00+2026-11-28 05:00:{i:02d}.000000 UTC+flood{i:03d}"
+        (hub.inbound / name).mkdir()
+        if fifo:
+            os.mkfifo(hub.inbound / name / "00-welcome.ipynb")
+        else:
+            (hub.inbound / name / "00-welcome.ipynb").write_text("{}")
+        return name
+
+    names = [arrive(i, fifo=True) for i in range(10)]
+    time.sleep(submissions.SETTLE_S + 0.3)
+    q = jobs.Queue(tmp_path / "q.sqlite")
+    seen: set[str] = set()
+    service.scan(hub, q, seen=seen)
+    recorded = q.jobs("root")
+    assert [j.state for j in recorded] == ["replaced"] * 3 and q.refused_of("root") == 3
+    assert sorted(os.listdir(hub.inbound)) == names[:3], "the entries past the share were removed"
+    good = arrive(30, fifo=False)
+    time.sleep(submissions.SETTLE_S + 0.3)
+    [job] = service.scan(hub, q, seen=seen)
+    assert (job.submission, job.state) == (good, "queued")
+    arrive(31, fifo=True)
+    time.sleep(submissions.SETTLE_S + 0.3)
+    assert service.scan(hub, q, seen=seen) == [] and q.total("root") == 4
+    assert sorted(os.listdir(hub.inbound)) == sorted([*names[:3], good])
+
+
 def test_a_tree_too_deep_for_python_is_removed_and_stops_no_scan(tmp_path, monkeypatch):
     """A learner's entry past their share that is 3000 folders deep (Python's recursive rmtree stops
     at RecursionError, which aborted every scan): it is removed all the same, and the scan goes on."""
@@ -459,3 +501,51 @@ def test_looking_at_a_folder_that_keeps_changing_leaves_no_descriptor_open(tmp_p
     finally:
         os.close(fd)
     assert len(os.listdir("/proc/self/fd")) == before, "a descriptor was left open"
+
+
+def test_only_the_assignments_notebooks_and_their_feedback_come_back_from_a_grading(tmp_path):
+    """A notebook that wrote 40 MB, another notebook and another page into its autograded and
+    feedback folders while it ran: the instructor's course gets the assignment's notebook (defanged)
+    and its feedback page, and beside them the submission's other files as the hub took them;
+    a FIFO or an oversized file in place of the notebook fails the job with words."""
+    import json
+
+    from multigpu.workshop import autograde
+
+    hub = layout.Hub(tmp_path / "hub")
+    (hub.course / "source" / "lab-00").mkdir(parents=True)
+    (hub.course / "source" / "lab-00" / "00-welcome.ipynb").write_text("{}")
+    scratch = tmp_path / "scratch"
+    graded, pages = scratch / "autograded" / "ana" / "lab-00", scratch / "feedback" / "ana" / "lab-00"
+    for folder in (graded, pages):
+        folder.mkdir(parents=True)
+    notebook = {"cells": [{"cell_type": "markdown", "id": "a1", "metadata": {}, "source": "<script>x</script>"}],
+                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (graded / "00-welcome.ipynb").write_text(json.dumps(notebook))
+    (graded / "extra.ipynb").write_text(json.dumps(notebook))
+    with open(graded / "written.bin", "wb") as f:
+        f.write(os.urandom(1 << 20) * 40)
+    (graded / "plot.png").write_bytes(b"written by the notebook")
+    (pages / "00-welcome.html").write_text("<p>feedback</p>")
+    (pages / "other.html").write_text("<p>not nbgrader's</p>")
+    submitted = tmp_path / "taken"
+    submitted.mkdir()
+    (submitted / "00-welcome.ipynb").write_text("{}")
+    (submitted / "plot.png").write_bytes(b"as submitted")
+    job = jobs.Queue(tmp_path / "q.sqlite").add("ana+lab-00+t1+x", "ana", "lab-00", "t1")
+
+    autograde.take_back(hub, job, scratch, submitted)
+    back = hub.course / "autograded" / "ana" / "lab-00"
+    assert sorted(os.listdir(back)) == ["00-welcome.ipynb", "plot.png"]
+    assert (back / "plot.png").read_bytes() == b"as submitted"
+    assert "&lt;script&gt;" in (back / "00-welcome.ipynb").read_text()
+    assert os.listdir(hub.course / "feedback" / "ana" / "lab-00") == ["00-welcome.html"]
+
+    (graded / "00-welcome.ipynb").unlink()
+    os.mkfifo(graded / "00-welcome.ipynb")
+    with pytest.raises(autograde.JobFailed, match="autograded notebooks could not be taken back.*not a regular file"):
+        autograde.take_back(hub, job, scratch, submitted)
+    (graded / "00-welcome.ipynb").unlink()
+    os.rename(graded / "written.bin", graded / "00-welcome.ipynb")
+    with pytest.raises(autograde.JobFailed, match="larger than"):
+        autograde.take_back(hub, job, scratch, submitted)

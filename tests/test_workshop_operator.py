@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from multigpu.workshop import accounts, copies, hubconfig, jobs, layout, preflight, service, spawnqueue, tls
+from multigpu.workshop import accounts, copies, gradingpage, hubconfig, jobs, layout, preflight, spawnqueue, tls
 
 
 def test_a_login_storm_waits_its_turn_in_arrival_order():
@@ -171,9 +171,33 @@ def test_the_grading_page_keeps_each_link_apart_from_the_message(tmp_path):
     feedback = hub.course / "feedback" / "ana" / "lab-00"
     feedback.mkdir(parents=True)
     (feedback / "00-welcome.html").write_text("<html></html>")
-    page = service.render(hub, queue, "ana", False, "/services/grading/")
+    page = gradingpage.render(hub, queue, "ana", False, "/services/grading/")
     assert "Fetch Feedback)<p><a href=" in page and ">00-welcome feedback</a></p>" in page
     assert "Fetch Feedback)00-welcome" not in page
+
+
+def test_the_grading_page_shows_a_bounded_page_of_jobs_and_the_way_to_the_others(tmp_path):
+    """A queue of thousands of jobs (a flood, or a long day) gives a page of PAGE_SIZE rows, newest
+    first, with links to the older and newer pages; a learner's page and the status list likewise."""
+    hub = layout.Hub(tmp_path)
+    queue = jobs.Queue(hub.queue_db)
+    count = 2 * gradingpage.PAGE_SIZE + 7
+    for i in range(count):
+        queue.add(f"ana+lab-00+t{i}+x", "ana", "lab-00", f"t{i}", state="failed", message=f"note-{i}-end")
+    queue.add("ben+lab-00+t1+y", "ben", "lab-00", "t1")
+    first = gradingpage.render(hub, queue, "teach", True, "/g/")
+    assert first.count("<tr>") == gradingpage.PAGE_SIZE + 1 and "Page 1 of 3" in first
+    assert "ben" in first and f"note-{count - 1}-end" in first and '<a href="/g/?page=2">older</a>' in first
+    last = gradingpage.render(hub, queue, "teach", True, "/g/", page=3)
+    assert last.count("<tr>") == 1 + (count + 1) - 2 * gradingpage.PAGE_SIZE and "note-0-end" in last
+    assert '<a href="/g/?page=2">newer</a>' in last and "older" not in last
+    assert "There is no page 9" in gradingpage.render(hub, queue, "teach", True, "/g/", page=9)
+    mine = gradingpage.render(hub, queue, "ben", False, "/g/")
+    assert "ben+lab-00" not in mine and mine.count("<tr>") == 2 and "Page 1 of" not in mine
+    jobs_of_ana, pages = gradingpage.shown(queue, "ana", 3)
+    assert pages == 3 and len(jobs_of_ana) == 7
+    for given, page in (("2", 2), (None, 1), ("0", 1), ("-1", 1), ("x", 1), ("9" * 500, 1), ("\u0663", 1)):
+        assert gradingpage.page_number(given) == page
 
 
 @pytest.mark.slow

@@ -23,8 +23,8 @@ group of their own (``limits``: memory and processes capped, whatever is left ki
 The notebook could edit anything in ``course/`` while it ran (the gradebook there included), so
 the scores are recomputed from the autograded notebooks by nbgrader's own rule
 (``nbgrader.utils.determine_grade``), each capped at the max score the instructor's gradebook
-gives its cell, and the notebooks and feedback come back to the instructor's course through
-``safefiles.copy_tree``. The autograded notebooks arrive there defanged (:func:`defang`): the
+gives its cell; only the assignment's notebooks and their feedback pages come back to the
+instructor's course, each read by descriptor and bounded (:func:`take_back`). The autograded notebooks arrive there defanged (:func:`defang`): the
 formgrader shows them to the instructor as HTML on the instructor's own server, where a
 learner's script would act as the instructor. The hidden tests themselves run in the learner's kernel (nbgrader's
 design) and nbgrader shows them in the feedback: they are a check, not a secret.
@@ -196,7 +196,7 @@ def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -
         log("autograding the notebooks (nbgrader runs them as the grading account, sandboxed)")
         sandboxed("autograde", autograde_budget(scratch / "source" / job.assignment))
         sandboxed("generate_feedback", STEP_TIMEOUT_S)
-        take_back(hub, job, scratch)
+        take_back(hub, job, scratch, submitted)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     out = record_scores(hub, job, notebook_scores(hub.course / "autograded" / job.student / job.assignment))
@@ -204,23 +204,34 @@ def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -
     return out
 
 
-def take_back(hub: Hub, job: Job, scratch: Path) -> None:
-    """The autograded notebooks and the feedback, from the scratch course (the grading account's,
-    written while learner code ran) into the instructor's course, by descriptor and checked."""
-    grader = pwd.getpwnam(layout.GRADER_USER).pw_uid
-    for part in ("autograded", "feedback"):
+def take_back(hub: Hub, job: Job, scratch: Path, submitted: Path) -> None:
+    """Into the instructor's course: the autograded notebooks of the assignment and their feedback
+    pages, from the scratch course (the grading account's, written while learner code ran) by
+    descriptor, each at most :data:`MAX_NOTEBOOK_BYTES`, the notebooks defanged; beside them the
+    submission's other files as the hub took them (``submitted``: the formgrader shows a notebook's
+    images from there). Nothing else the notebook wrote while it ran comes back."""
+    notebooks = sorted(p.name for p in (hub.course / "source" / job.assignment).glob("*.ipynb"))
+    for part, names in (("autograded", notebooks), ("feedback", [f"{Path(nb).stem}.html" for nb in notebooks])):
         dest = hub.course / part / job.student / job.assignment
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.exists():
             shutil.rmtree(dest)
+        pages = {}
         try:
-            with safefiles.opened(safefiles.open_dir(scratch, part, job.student, job.assignment)) as fd:
-                safefiles.copy_tree(fd, dest, owner=grader, caps=safefiles.SUBMISSION)
-        except (OSError, safefiles.Refused) as e:
+            os.close(safefiles.open_dir(scratch, part, job.student, job.assignment))
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):  # a notebook the learner did not submit
+                    pages[name] = safefiles.read_file(scratch, part, job.student, job.assignment, name,
+                                                      max_bytes=MAX_NOTEBOOK_BYTES)
+        except (OSError, ValueError) as e:
             raise JobFailed(f"the {part} notebooks could not be taken back from the grading ({e}): "
                             "your notebook may have changed the grading's own files; ask the instructor") from None
-    for path in (hub.course / "autograded" / job.student / job.assignment).glob("*.ipynb"):
-        path.write_text(defang(safefiles.read_file(path.parent, path.name, max_bytes=MAX_NOTEBOOK_BYTES)))
+        if part == "autograded":
+            safefiles.copy_tree(submitted, dest, owner=None, caps=safefiles.SUBMISSION, skip=notebooks)
+        else:
+            dest.mkdir(mode=0o700)
+        for name, data in pages.items():
+            (dest / name).write_bytes(defang(data).encode() if part == "autograded" else data)
 
 
 def defang(raw: bytes) -> str:

@@ -217,7 +217,6 @@ def stopped_by(procs: list, timeout: float) -> list:
     reaped: it holds nothing); the ones still running after ``timeout`` seconds."""
     import time
 
-
     deadline = time.monotonic() + timeout
     alive = list(procs)
     while alive and time.monotonic() < deadline:

@@ -304,10 +304,25 @@ class Queue:
         with self._db() as db:
             return db.execute("SELECT COUNT(*) FROM jobs WHERE state = ?", (state,)).fetchone()[0]
 
-    def jobs(self, student: str | None = None) -> list[Job]:
-        """Every job (of ``student``), newest first."""
-        sql, args = "SELECT * FROM jobs", tuple[str, ...]()
+    def jobs(self, student: str | None = None, limit: int = -1, offset: int = 0) -> list[Job]:
+        """Every job (of ``student``), newest first; at most ``limit`` (-1: all) after the first ``offset``."""
+        sql, args = "SELECT * FROM jobs", tuple[str | int, ...]()
         if student is not None:
             sql, args = sql + " WHERE student = ?", (student,)
         with self._db() as db:
-            return [Job.from_row(r) for r in db.execute(sql + " ORDER BY id DESC", args)]
+            return [Job.from_row(r) for r in db.execute(sql + " ORDER BY id DESC LIMIT ? OFFSET ?", (*args, limit, offset))]
+
+    def total(self, student: str | None = None) -> int:
+        """How many jobs there are (of ``student``)."""
+        sql, args = "SELECT COUNT(*) FROM jobs", tuple[str, ...]()
+        if student is not None:
+            sql, args = sql + " WHERE student = ?", (student,)
+        with self._db() as db:
+            return db.execute(sql, args).fetchone()[0]
+
+    def refused_of(self, student: str) -> int:
+        """How many submissions of ``student`` were refused or replaced on arrival (recorded ended:
+        :meth:`add` with a ``state``)."""
+        with self._db() as db:
+            return db.execute("SELECT COUNT(*) FROM jobs WHERE student = ? AND state IN ('failed', 'replaced') "
+                              "AND finished = created", (student,)).fetchone()[0]

@@ -6,32 +6,38 @@ each in the queue on disk (:mod:`jobs`); one at a time, learners in turn, it gra
 process on the grading cores, in a control group whose leftovers are killed when it ends (``multigpu
 workshop grade-job ID``, bounded by ``MULTIGPU_GRADING_TIMEOUT``), or, with ``MULTIGPU_GRADING_SLURM=1``,
 hands the jobs to a Slurm cluster, several at once (:mod:`slurmgrading`). Its page (``/services/grading/``,
-behind the hub's login) shows a learner their own submissions only: place in the queue (and Slurm
-job), state, scores, report, feedback and certificate; an instructor sees every learner's and the
-exchange's entries not graded. Feedback pages (learner-written HTML) get ``Content-Security-Policy: sandbox``.
+behind the hub's login: :mod:`gradingpage`) shows a learner their own submissions, an instructor every
+learner's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import html
 import json
 import os
 import sys
 import threading
 import time
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from multigpu.workshop import accesslog, accounts, disks, inbound, issuer, jobs, layout, limits, ngshare, safefiles, submissions
+from multigpu.workshop import (
+    accesslog,
+    accounts,
+    disks,
+    gradingpage,
+    inbound,
+    issuer,
+    jobs,
+    layout,
+    limits,
+    ngshare,
+    safefiles,
+    slurmgrading,
+    submissions,
+)
 from multigpu.workshop.layout import Hub
 
 SCAN_S = 2.0
-#: Feedback pages are served sandboxed: a unique origin, no scripts, no forms, no plugins.
-FEEDBACK_POLICY = "sandbox; default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:"
-#: The largest file the page serves (a feedback page with its figures, a certificate).
-MAX_FILE_BYTES = 64 * 2**20
 #: The longest one grading may take before it is stopped (an official grading is about 3 min on
 #: the 2-core machine; a lab's autograde runs its notebook once).
 GRADING_TIMEOUT_S = 3600
@@ -59,26 +65,38 @@ def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
     """Record every new submission, in the exchange's inbound folder or in ngshare (``source``:
     ngshare names each submitter by their hub token); returns the new jobs. ``seen``: the names
     already recorded (the scanner keeps it across scans; default: read from the queue). At most
-    :data:`submissions.SCAN_BATCH` new entries a scan; past :data:`JUNK_PER_ACCOUNT` entries of one account that
-    are not submissions, that account's next ones are removed."""
+    :data:`submissions.SCAN_BATCH` new entries a scan; past :data:`JUNK_PER_ACCOUNT` entries of one
+    account that are not graded (not submissions, submissions refused or replaced on arrival), that
+    account's next such entries are removed unrecorded."""
     seen = queue.seen() if seen is None else seen
     if source is not None:
         return scan_ngshare(queue, source, seen)
     if not hub.inbound.is_dir():
         return []
     assignments = submissions.released(hub)
-    arrivals: list[tuple[submissions.Arrival, int]] = []
-    for login, folder in [("", os.open(hub.inbound, safefiles.DIR_FLAGS)), *inbound.learners_folders(hub)]:
-        with safefiles.opened(folder):
+    arrivals: list[Arrived] = []
+    folders = [("", os.open(hub.inbound, safefiles.DIR_FLAGS)), *inbound.learners_folders(hub)]
+    try:
+        for login, folder in folders:
             try:
                 arrivals += arrivals_in(queue, folder, assignments, seen)
             except Exception as e:  # one learner's folder never stops the scan of the others
                 print(f"grading service: {login or 'the'} inbound folder: {e!r}", flush=True)
-    return take_arrivals(hub, queue, arrivals, seen)
+        return take_arrivals(hub, queue, arrivals, seen)
+    finally:
+        for _, folder in folders:
+            os.close(folder)
 
 
-def arrivals_in(queue: jobs.Queue, folder: int, assignments: set[str],
-                seen: set[str]) -> list[tuple[submissions.Arrival, int]]:
+class Arrived(NamedTuple):
+    """A settled submission: its name's parts, its folder's descriptor and the inbound folder's."""
+
+    arrival: submissions.Arrival
+    fd: int
+    inbound: int
+
+
+def arrivals_in(queue: jobs.Queue, folder: int, assignments: set[str], seen: set[str]) -> list[Arrived]:
     """The settled new submissions of one inbound folder (the box's, or a learner's own: :mod:`inbound`)."""
     arrivals = []
     with os.scandir(folder) as entries:
@@ -94,50 +112,67 @@ def arrivals_in(queue: jobs.Queue, folder: int, assignments: set[str],
                 seen.add(name)
             continue
         if submissions.settled(fd, time.time()):
-            arrivals.append((arrival, fd))
+            arrivals.append(Arrived(arrival, fd, folder))
         else:  # still being written: the next scan looks again
             os.close(fd)
     return arrivals
 
 
+def past_share(queue: jobs.Queue, login: str) -> bool:
+    """Whether ``login`` has had :data:`JUNK_PER_ACCOUNT` entries recorded that were not graded."""
+    return queue.ignored_by(login) + queue.refused_of(login) >= JUNK_PER_ACCOUNT
+
+
+def drop(inbound_fd: int, name: str, seen: set[str]) -> None:
+    """Remove an entry past its account's share, unrecorded (or, where it cannot be removed, never look again)."""
+    try:
+        safefiles.remove_entry(inbound_fd, name)
+    except OSError:
+        seen.add(name)
+
+
 def not_a_submission(queue: jobs.Queue, inbound: int, name: str, why: str, seen: set[str]) -> None:
     """Record an inbound entry that is not graded, or remove it past its account's share of them."""
     owner = submissions.owner_of(inbound, name)
-    if queue.ignored_by(owner) >= JUNK_PER_ACCOUNT:
-        with contextlib.suppress(OSError):
-            safefiles.remove_entry(inbound, name)
+    if past_share(queue, owner):
+        drop(inbound, name, seen)
         return
     queue.ignore(name, owner, why)
     seen.add(name)
     print(f"grading service: not graded: {name!a} (made by {owner}): {why}", flush=True)
 
 
-def take_arrivals(hub: Hub, queue: jobs.Queue, arrivals: list[tuple[submissions.Arrival, int]],
-                  seen: set[str]) -> list[jobs.Job]:
+def take_arrivals(hub: Hub, queue: jobs.Queue, arrivals: list[Arrived], seen: set[str]) -> list[jobs.Job]:
     """Queue the latest arrival of each learner and assignment (its copy taken: a refused one
-    fails with the reason), record the earlier ones as replaced unread; closes the descriptors."""
-    latest: dict[tuple[str, str], tuple[submissions.Arrival, int]] = {}
+    fails with the reason), record the earlier ones as replaced unread (past the learner's share of
+    entries not graded, both are removed unrecorded); closes the submissions' descriptors."""
+    latest: dict[tuple[str, str], Arrived] = {}
     new: list[jobs.Job] = []
-    for arrival, fd in sorted(arrivals, key=lambda a: a[0].timestamp):
-        earlier = latest.pop((arrival.student, arrival.assignment), None)
-        latest[(arrival.student, arrival.assignment)] = (arrival, fd)
+    for now in sorted(arrivals, key=lambda a: a.arrival.timestamp):
+        earlier = latest.pop((now.arrival.student, now.arrival.assignment), None)
+        latest[(now.arrival.student, now.arrival.assignment)] = now
         if earlier is not None:
-            os.close(earlier[1])
-            queue.add(earlier[0].name, earlier[0].student, earlier[0].assignment, earlier[0].timestamp,
+            os.close(earlier.fd)
+            a = earlier.arrival
+            if past_share(queue, a.student):
+                drop(earlier.inbound, a.name, seen)
+                continue
+            queue.add(a.name, a.student, a.assignment, a.timestamp,
                       state="replaced", message="a later submission of the same assignment arrived with it")
-            seen.add(earlier[0].name)
-    for arrival, fd in latest.values():
+            seen.add(a.name)
+    for arrival, fd, folder in latest.values():
         with safefiles.opened(fd):
             try:
                 submissions.take(hub, arrival, fd)
                 job = queue.add(arrival.name, arrival.student, arrival.assignment, arrival.timestamp)
-            except safefiles.Refused as e:
+            except (safefiles.Refused, OSError) as e:
+                if past_share(queue, arrival.student):
+                    drop(folder, arrival.name, seen)
+                    continue
+                why = (f"{e}" if isinstance(e, safefiles.Refused) else  # changed under the copy: this learner's alone
+                       f"the submission could not be copied ({e.strerror})")
                 job = queue.add(arrival.name, arrival.student, arrival.assignment, arrival.timestamp, state="failed",
-                                message=f"not graded: {e}. Submit again from the Assignments tab.")
-            except OSError as e:  # changed under the copy: this learner's alone, the others go on
-                job = queue.add(arrival.name, arrival.student, arrival.assignment, arrival.timestamp, state="failed",
-                                message=f"not graded: the submission could not be copied ({e.strerror}). "
-                                "Submit again from the Assignments tab.")
+                                message=f"not graded: {why}. Submit again from the Assignments tab.")
         seen.add(arrival.name)
         new.append(job)
         for old in queue.jobs(arrival.student):
@@ -235,70 +270,6 @@ async def worker(hub: Hub, queue: jobs.Queue, timeout: float) -> None:
             await asyncio.sleep(SCAN_S)
 
 
-# ------------------------------------------------------------------------------------ the page
-STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
-         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}"
-         "pre{white-space:pre-wrap;background:#f6f6f6;padding:.5em}.failed{color:#a00}.done{color:#060}")
-
-
-def render(hub: Hub, queue: jobs.Queue, user: str, instructor: bool, prefix: str) -> str:
-    """The page for ``user``: their own jobs (every job for an instructor)."""
-    shown = queue.jobs(None if instructor else user)
-    rows = []
-    for job in shown:
-        place = queue.position(job)
-        state = job.state + (f" (place {place} in the queue)" if place else "") + \
-            (f", Slurm job {job.slurm_job}" if job.slurm_job else "")
-        detail = html.escape(job.message)
-        res = job.result or {}
-        links = []
-        if job.state == "done":
-            links += [f'<a href="{prefix}files/{job.id}/feedback/{html.escape(nb)}.html">{html.escape(nb)} feedback</a>'
-                      for nb in feedback_pages(hub, job)]
-        cert = res.get("certificate")
-        if cert:
-            links += [f'<a href="{prefix}files/{job.id}/certificate/{kind}">certificate ({kind})</a>' for kind in ("pdf", "json")]
-        report = f"<pre>{html.escape(res['report'])}</pre>" if res.get("report") else ""
-        rows.append(f"<tr><td>{job.id}</td><td>{html.escape(job.student)}</td><td>{html.escape(job.assignment)}</td>"
-                    f"<td>{html.escape(job.submitted)}</td><td class='{job.state}'>{html.escape(state)}</td>"
-                    f"<td>{detail}{report}{''.join(f'<p>{link}</p>' for link in links)}</td></tr>")
-    waiting = queue.count("queued") + queue.count("held")
-    running = queue.count("running")
-    head = (f"<h1>Grading</h1><p>Signed in as <b>{html.escape(user)}</b>"
-            f"{' (instructor: every learner)' if instructor else ''}. {running} grading now, {waiting} waiting. "
-            "Submit from JupyterLab's Assignments tab; this page refreshes every 10 s. A new submission of the "
-            "same assignment replaces one still waiting.</p>")
-    table = ("<table><tr><th>#</th><th>learner</th><th>assignment</th><th>submitted</th><th>state</th><th>result</th></tr>"
-             + "".join(rows) + "</table>") if rows else "<p>No submissions yet.</p>"
-    if instructor:
-        count, latest = queue.ignored()
-        if count:
-            table += (f"<h2>Not graded: {count} entries of the exchange that are not submissions</h2><ul>"
-                      + "".join(f"<li>{html.escape(ascii(name))} (made by {html.escape(owner)}): {html.escape(why)}</li>"
-                                for name, owner, why in latest) + "</ul>")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><meta http-equiv='refresh' content='10'>"
-            f"<title>Grading</title><style>{STYLE}</style></head><body>{head}{table}</body></html>")
-
-
-def feedback_pages(hub: Hub, job: jobs.Job) -> list[str]:
-    """The notebooks of ``job`` whose feedback page exists (nbgrader's, one per graded notebook;
-    any other HTML file a learner submitted is never served)."""
-    graded = ((job.result or {}).get("autograde") or {}).get("notebooks") or {}
-    folder = hub.course / "feedback" / job.student / job.assignment
-    return [nb for nb in sorted(graded) if (folder / f"{nb}.html").is_file()]
-
-
-def file_for(hub: Hub, job: jobs.Job, kind: str, name: str) -> Path | None:
-    """The feedback page or certificate file of ``job`` named by a URL, or None."""
-    if kind == "feedback":
-        pages = feedback_pages(hub, job)
-        return hub.course / "feedback" / job.student / job.assignment / name if name[:-5] in pages and \
-            name.endswith(".html") else None
-    if kind == "certificate" and job.result and job.result.get("certificate") and name in ("pdf", "json"):
-        return Path(job.result["certificate"][name])
-    return None
-
-
 def make_app(hub: Hub, queue: jobs.Queue) -> Any:
     from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
     from tornado import web
@@ -313,13 +284,15 @@ def make_app(hub: Hub, queue: jobs.Queue) -> Any:
         @web.authenticated
         def get(self) -> None:
             name = self.get_current_user()["name"]
-            self.write(render(hub, queue, name, is_instructor(name), prefix))
+            self.write(gradingpage.render(hub, queue, name, is_instructor(name), prefix,
+                                          gradingpage.page_number(self.get_argument("page", None))))
 
     class Status(HubOAuthenticated, web.RequestHandler):
         @web.authenticated
         def get(self) -> None:
             name = self.get_current_user()["name"]
-            own = queue.jobs(None if is_instructor(name) else name)
+            own, _ = gradingpage.shown(queue, None if is_instructor(name) else name,
+                                       gradingpage.page_number(self.get_argument("page", None)))
             self.set_header("Content-Type", "application/json")
             self.write(json.dumps([dict(vars(j), place=queue.position(j)) for j in own]))
 
@@ -330,17 +303,17 @@ def make_app(hub: Hub, queue: jobs.Queue) -> Any:
             job = queue.get(int(job_id))
             if job is None or (job.student != user and not is_instructor(user)):
                 raise web.HTTPError(404)
-            path = file_for(hub, job, kind, name)
+            path = gradingpage.file_for(hub, job, kind, name)
             if path is None or not path.is_file():
                 raise web.HTTPError(404)
             types = {".html": "text/html", ".pdf": "application/pdf", ".json": "application/json"}
             self.set_header("Content-Type", types.get(path.suffix, "application/octet-stream"))
             self.set_header("X-Content-Type-Options", "nosniff")
             if path.suffix == ".html":  # learner-written content: shown, but as from an origin of its own, no script
-                self.set_header("Content-Security-Policy", FEEDBACK_POLICY)
+                self.set_header("Content-Security-Policy", gradingpage.FEEDBACK_POLICY)
             else:
                 self.set_header("Content-Disposition", f'attachment; filename="{path.name}"')
-            self.write(safefiles.read_file(path.parent, path.name, max_bytes=MAX_FILE_BYTES))
+            self.write(safefiles.read_file(path.parent, path.name, max_bytes=gradingpage.MAX_FILE_BYTES))
 
     return web.Application([
         (prefix, Page),
@@ -370,8 +343,6 @@ def stop(signum: int) -> None:
 async def main() -> None:
     import signal
     from urllib.parse import urlparse
-
-    from multigpu.workshop import slurmgrading  # here: the module-level import line is full
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop, sig)
