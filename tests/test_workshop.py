@@ -373,6 +373,7 @@ def test_a_flood_of_entries_in_the_inbound_folder_is_looked_at_in_bounded_batche
         service.scan(hub, q, seen=seen)
     assert q.ignored()[0] == 60 and q.ignored_by(next(iter(q.ignored()[1]))[1]) == 60
     assert len(list(hub.inbound.iterdir())) == 60, "the entries past the account's share were removed"
+    assert q.dropped() == [(next(iter(q.ignored()[1]))[1], 71)]
     assert (tmp_path / "elsewhere").is_dir(), "a link is removed, never followed"
 
 
@@ -383,7 +384,7 @@ def test_submissions_refused_or_replaced_on_arrival_count_against_the_share_and_
     one replaces at once used to be recorded without end, a row each (a learner's flood grew the
     queue and the pages by 20 entries a scan). Past the account's share they are removed unrecorded;
     a good submission after that is still queued."""
-    from multigpu.workshop import service, submissions
+    from multigpu.workshop import gradingpage, service, submissions
 
     hub = layout.Hub(tmp_path)
     for folder in (hub.course / "source" / "lab-00", hub.exchange / layout.COURSE_ID / "outbound" / "lab-00",
@@ -416,6 +417,8 @@ def test_submissions_refused_or_replaced_on_arrival_count_against_the_share_and_
     time.sleep(submissions.SETTLE_S + 0.3)
     assert service.scan(hub, q, seen=seen) == [] and q.total("root") == 4
     assert sorted(os.listdir(hub.inbound)) == sorted([*names[:3], good])
+    assert q.dropped() == [("root", 8)], "the instructor is told how many were removed, and whose"
+    assert "<li>root: 8</li>" in gradingpage.render(hub, q, "teach", True, "/g/")
 
 
 def test_a_tree_too_deep_for_python_is_removed_and_stops_no_scan(tmp_path, monkeypatch):

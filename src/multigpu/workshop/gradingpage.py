@@ -70,6 +70,10 @@ def render(hub: Hub, queue: jobs.Queue, user: str, instructor: bool, prefix: str
         turn += [f'<a href="{prefix}?page={page + 1}">older</a>'] if page < pages else []
         table += f"<p>Page {page} of {pages} ({PAGE_SIZE} a page). {' · '.join(turn)}</p>"
     if instructor:
+        dropped = queue.dropped()
+        if dropped:
+            table += ("<h2>Removed unread: entries past their account's share of entries not graded</h2><ul>"
+                      + "".join(f"<li>{html.escape(owner)}: {n}</li>" for owner, n in dropped[:PAGE_SIZE]) + "</ul>")
         count, latest = queue.ignored()
         if count:
             table += (f"<h2>Not graded: {count} entries of the exchange that are not submissions (the latest "

@@ -53,6 +53,10 @@ CREATE TABLE IF NOT EXISTS ignored (
     owner TEXT NOT NULL,
     reason TEXT NOT NULL,
     at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dropped (
+    owner TEXT PRIMARY KEY,
+    count INTEGER NOT NULL
 )
 """
 WAITING = ("queued", "held")
@@ -151,6 +155,15 @@ class Queue:
         with self._db() as db:
             db.execute("INSERT OR IGNORE INTO ignored (name, owner, reason, at) VALUES (?, ?, ?, ?)",
                        (os.fsencode(name), owner, reason, time.time()))
+
+    def dropped(self, owner: str | None = None) -> list[tuple[str, int]]:
+        """With ``owner``: count one more entry of theirs removed unrecorded, past their share. Returns
+        ``(owner, count)`` of every account that had entries removed so, the most first."""
+        with self._db() as db:
+            if owner is not None:
+                db.execute("INSERT INTO dropped (owner, count) VALUES (?, 1) "
+                           "ON CONFLICT(owner) DO UPDATE SET count = count + 1", (owner,))
+            return [(r[0], r[1]) for r in db.execute("SELECT owner, count FROM dropped ORDER BY count DESC, owner")]
 
     def ignored_by(self, owner: str) -> int:
         """How many entries of ``owner`` were recorded as not submissions."""

@@ -67,7 +67,7 @@ def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
     already recorded (the scanner keeps it across scans; default: read from the queue). At most
     :data:`submissions.SCAN_BATCH` new entries a scan; past :data:`JUNK_PER_ACCOUNT` entries of one
     account that are not graded (not submissions, submissions refused or replaced on arrival), that
-    account's next such entries are removed unrecorded."""
+    account's next such entries are removed unread, counted for the instructor's page."""
     seen = queue.seen() if seen is None else seen
     if source is not None:
         return scan_ngshare(queue, source, seen)
@@ -123,19 +123,21 @@ def past_share(queue: jobs.Queue, login: str) -> bool:
     return queue.ignored_by(login) + queue.refused_of(login) >= JUNK_PER_ACCOUNT
 
 
-def drop(inbound_fd: int, name: str, seen: set[str]) -> None:
-    """Remove an entry past its account's share, unrecorded (or, where it cannot be removed, never look again)."""
+def drop(queue: jobs.Queue, owner: str, inbound_fd: int, name: str, seen: set[str]) -> None:
+    """Remove an entry past its account's share, counted for the instructor's page but not recorded
+    (or, where it cannot be removed, never look at it again)."""
     try:
         safefiles.remove_entry(inbound_fd, name)
     except OSError:
         seen.add(name)
+    queue.dropped(owner)
 
 
 def not_a_submission(queue: jobs.Queue, inbound: int, name: str, why: str, seen: set[str]) -> None:
     """Record an inbound entry that is not graded, or remove it past its account's share of them."""
     owner = submissions.owner_of(inbound, name)
     if past_share(queue, owner):
-        drop(inbound, name, seen)
+        drop(queue, owner, inbound, name, seen)
         return
     queue.ignore(name, owner, why)
     seen.add(name)
@@ -145,7 +147,7 @@ def not_a_submission(queue: jobs.Queue, inbound: int, name: str, why: str, seen:
 def take_arrivals(hub: Hub, queue: jobs.Queue, arrivals: list[Arrived], seen: set[str]) -> list[jobs.Job]:
     """Queue the latest arrival of each learner and assignment (its copy taken: a refused one
     fails with the reason), record the earlier ones as replaced unread (past the learner's share of
-    entries not graded, both are removed unrecorded); closes the submissions' descriptors."""
+    entries not graded, both are removed and counted: :func:`drop`); closes the submissions' descriptors."""
     latest: dict[tuple[str, str], Arrived] = {}
     new: list[jobs.Job] = []
     for now in sorted(arrivals, key=lambda a: a.arrival.timestamp):
@@ -155,7 +157,7 @@ def take_arrivals(hub: Hub, queue: jobs.Queue, arrivals: list[Arrived], seen: se
             os.close(earlier.fd)
             a = earlier.arrival
             if past_share(queue, a.student):
-                drop(earlier.inbound, a.name, seen)
+                drop(queue, a.student, earlier.inbound, a.name, seen)
                 continue
             queue.add(a.name, a.student, a.assignment, a.timestamp,
                       state="replaced", message="a later submission of the same assignment arrived with it")
@@ -167,7 +169,7 @@ def take_arrivals(hub: Hub, queue: jobs.Queue, arrivals: list[Arrived], seen: se
                 job = queue.add(arrival.name, arrival.student, arrival.assignment, arrival.timestamp)
             except (safefiles.Refused, OSError) as e:
                 if past_share(queue, arrival.student):
-                    drop(folder, arrival.name, seen)
+                    drop(queue, arrival.student, folder, arrival.name, seen)
                     continue
                 why = (f"{e}" if isinstance(e, safefiles.Refused) else  # changed under the copy: this learner's alone
                        f"the submission could not be copied ({e.strerror})")
