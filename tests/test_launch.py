@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -265,3 +266,39 @@ def test_a_gloo_jobs_command_lines_hold_no_hub_token(monkeypatch):
     found = launch.run_horovod(command_lines_holding, 2, args=(marker,), horovod_args=["--gloo"],
                                timeout=120, echo=False)
     assert found == [[], []], f"processes with the token on their command line: {found}"
+
+
+HANG_IN_MPI = """
+import time, horovod.torch as hvd, torch
+hvd.init()
+hvd.allreduce(torch.ones(1000), name="x")
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_an_mpi_job_killed_at_its_time_limit_leaves_no_shared_memory_file(tmp_path):
+    """MPICH's /dev/shm/mpich_shm_* file (2-4 MB of memory until the machine restarts) outlived every
+    MPI job killed at its limit; 45 of them had piled up on the test machine."""
+    from multigpu.running import shmfiles
+
+    script = tmp_path / "hang.py"
+    script.write_text(HANG_IN_MPI)
+    before = shmfiles.present()
+    with pytest.raises(launch.WorkerTimeout, match="time limit"):
+        launch.horovodrun([sys.executable, str(script)], 2, timeout=30, horovod_args=["--mpi"], echo=False)
+    assert shmfiles.present() - before == set()
+
+
+def test_only_new_unused_shared_memory_files_of_this_account_are_removed(tmp_path):
+    from multigpu.running import shmfiles
+
+    (tmp_path / "mpich_shm_old_0").write_bytes(b"x")
+    before = shmfiles.present(tmp_path)
+    for name in ("mpich_shm_left_0", "mpich_shm_held_0", "other_file"):
+        (tmp_path / name).write_bytes(b"x")
+    with open(tmp_path / "mpich_shm_held_0") as held:  # a running job's, still open
+        assert shmfiles.remove_left(before, tmp_path) == ["mpich_shm_left_0"]
+        assert held.read() == "x"
+    assert sorted(os.listdir(tmp_path)) == ["mpich_shm_held_0", "mpich_shm_old_0", "other_file"]

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from multigpu.running import shmfiles
+
 #: Lines of output printed per job before the rest is dropped (the tail is still kept for errors).
 MAX_PRINTED_LINES = 2000
 #: Seconds the peers of a crashed worker get to exit on their own before they are killed.
@@ -279,6 +281,7 @@ def supervise(
     code: a daemon it started may hold the pipe open) the exit alone ends it, and what the pipe
     still holds is read after the kill.
     """
+    shm_before = shmfiles.present()  # MPICH's files a killed job leaves in /dev/shm go at the end
     reader = OutputReader(procs, max_output_bytes)
     transcript = Transcript(labels, echo, MAX_PRINTED_LINES if max_printed_lines is None else max_printed_lines)
     stop = kill or (lambda: kill_sessions(procs))
@@ -287,9 +290,11 @@ def supervise(
         watch.run()
     except BaseException:
         stop()  # KeyboardInterrupt in a notebook must not leave orphans behind
+        shmfiles.remove_left(shm_before)
         raise
     stop()
     wait_for_exit(procs)
+    shmfiles.remove_left(shm_before)
     reader.join(transcript.take)
     with reader.lock:
         result = JobResult([p.returncode for p in procs], time.monotonic() - watch.began, transcript.lines,
