@@ -105,7 +105,7 @@ def test_the_bucket_refills_at_its_rate_and_once_a_minute_a_line_says_whose_requ
     class Learner(Handler):
         current_user = {"name": "ann"}
 
-    cost = len(accesslog.line_of(Handler())) + 1
+    cost = len(accesslog.line_of(Handler())) + accesslog.LINE_EXTRA
     log = accesslog.BoundedLog(rate=2.0 * cost, burst=3.0 * cost, clock=lambda: now[0], log=Log("t"))
     for _ in range(10):
         log(Handler())

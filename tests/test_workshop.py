@@ -530,6 +530,7 @@ def test_only_the_assignments_notebooks_and_their_feedback_come_back_from_a_grad
         f.write(os.urandom(1 << 20) * 40)
     (graded / "plot.png").write_bytes(b"written by the notebook")
     (pages / "00-welcome.html").write_text("<p>feedback</p>")
+    (pages / "timestamp.txt").write_text("2026-11-28 05:00:00.000000 UTC")
     (pages / "other.html").write_text("<p>not nbgrader's</p>")
     submitted = tmp_path / "taken"
     submitted.mkdir()
@@ -542,8 +543,12 @@ def test_only_the_assignments_notebooks_and_their_feedback_come_back_from_a_grad
     assert sorted(os.listdir(back)) == ["00-welcome.ipynb", "plot.png"]
     assert (back / "plot.png").read_bytes() == b"as submitted"
     assert "&lt;script&gt;" in (back / "00-welcome.ipynb").read_text()
-    assert os.listdir(hub.course / "feedback" / "ana" / "lab-00") == ["00-welcome.html"]
+    assert sorted(os.listdir(hub.course / "feedback" / "ana" / "lab-00")) == ["00-welcome.html", "timestamp.txt"]
 
+    (pages / "timestamp.txt").write_text("9" * 1000)
+    with pytest.raises(autograde.JobFailed, match="feedback notebooks could not be taken back.*larger than 200"):
+        autograde.take_back(hub, job, scratch, submitted)
+    (pages / "timestamp.txt").write_text("2026-11-28 05:00:00.000000 UTC")
     (graded / "00-welcome.ipynb").unlink()
     os.mkfifo(graded / "00-welcome.ipynb")
     with pytest.raises(autograde.JobFailed, match="autograded notebooks could not be taken back.*not a regular file"):

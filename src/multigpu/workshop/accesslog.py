@@ -29,6 +29,9 @@ RATE = 600.0
 BURST = 100_000.0
 #: The longest path a line shows.
 PATH_CHARS = 200
+#: What a line costs besides its text: the log's own prefix (``[W 2026-11-28 18:20:01.123 JupyterHub
+#: log:191] ``) and the newline.
+LINE_EXTRA = 60
 #: At most one line in this many seconds says what was left out; it names at most
 #: :data:`WHO_SHOWN` of those who made the requests (counted for at most :data:`WHO_KEPT`).
 SUMMARY_S = 60.0
@@ -121,7 +124,7 @@ class BoundedLog:
         if not self.log.isEnabledFor(level):
             return
         line = line_of(handler)
-        if self.bucket.take(len(line) + 1):
+        if self.bucket.take(len(line) + LINE_EXTRA):
             self.summary()
             self.log.log(level, line)
             return
