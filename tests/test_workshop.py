@@ -530,25 +530,29 @@ def test_only_the_assignments_notebooks_and_their_feedback_come_back_from_a_grad
         f.write(os.urandom(1 << 20) * 40)
     (graded / "plot.png").write_bytes(b"written by the notebook")
     (pages / "00-welcome.html").write_text("<p>feedback</p>")
-    (pages / "timestamp.txt").write_text("2026-11-28 05:00:00.000000 UTC")
+    (pages / "timestamp.txt").write_text("written by the notebook")
     (pages / "other.html").write_text("<p>not nbgrader's</p>")
     submitted = tmp_path / "taken"
     submitted.mkdir()
     (submitted / "00-welcome.ipynb").write_text("{}")
     (submitted / "plot.png").write_bytes(b"as submitted")
+    (submitted / "timestamp.txt").write_text("2026-11-28 05:00:00.000000 UTC")
+    (submitted / "submission_secret.txt").write_text("0f" * 32)
     job = jobs.Queue(tmp_path / "q.sqlite").add("ana+lab-00+t1+x", "ana", "lab-00", "t1")
 
     autograde.take_back(hub, job, scratch, submitted)
     back = hub.course / "autograded" / "ana" / "lab-00"
-    assert sorted(os.listdir(back)) == ["00-welcome.ipynb", "plot.png"]
+    assert sorted(os.listdir(back)) == ["00-welcome.ipynb", "plot.png", "submission_secret.txt", "timestamp.txt"]
     assert (back / "plot.png").read_bytes() == b"as submitted"
     assert "&lt;script&gt;" in (back / "00-welcome.ipynb").read_text()
-    assert sorted(os.listdir(hub.course / "feedback" / "ana" / "lab-00")) == ["00-welcome.html", "timestamp.txt"]
+    feedback = hub.course / "feedback" / "ana" / "lab-00"
+    assert sorted(os.listdir(feedback)) == ["00-welcome.html", "submission_secret.txt", "timestamp.txt"]
+    assert (feedback / "timestamp.txt").read_text() == "2026-11-28 05:00:00.000000 UTC", "the notebook's was taken"
 
-    (pages / "timestamp.txt").write_text("9" * 1000)
+    (submitted / "timestamp.txt").write_text("9" * 1000)
     with pytest.raises(autograde.JobFailed, match="feedback notebooks could not be taken back.*larger than 200"):
         autograde.take_back(hub, job, scratch, submitted)
-    (pages / "timestamp.txt").write_text("2026-11-28 05:00:00.000000 UTC")
+    (submitted / "timestamp.txt").write_text("2026-11-28 05:00:00.000000 UTC")
     (graded / "00-welcome.ipynb").unlink()
     os.mkfifo(graded / "00-welcome.ipynb")
     with pytest.raises(autograde.JobFailed, match="autograded notebooks could not be taken back.*not a regular file"):

@@ -56,8 +56,9 @@ NOTEBOOK_BUDGET_S = 20 * 60
 STEP_TIMEOUT_S = 600
 #: The most a notebook may weigh when its scores are read back (outputs included).
 MAX_NOTEBOOK_BYTES = safefiles.SUBMISSION.file_bytes
-#: The most nbgrader's ``timestamp.txt`` of a submission may weigh (it holds one date and time).
-TIMESTAMP_BYTES = 200
+#: The files of a submission, made by nbgrader's submit, that its feedback folder needs too (a date
+#: and time, a random hex string), and the most each may weigh.
+FEEDBACK_FILES, FEEDBACK_FILE_BYTES = ("timestamp.txt", "submission_secret.txt"), 200
 #: The outputs an autograded notebook keeps in the instructor's course: text and raster images.
 SAFE_OUTPUTS = ("text/plain", "image/png", "image/jpeg")
 
@@ -208,14 +209,13 @@ def autograde(hub: Hub, job: Job, submitted: Path, log: Callable[[str], None]) -
 
 def take_back(hub: Hub, job: Job, scratch: Path, submitted: Path) -> None:
     """Into the instructor's course: the autograded notebooks of the assignment and their feedback
-    pages (and nbgrader's ``timestamp.txt``, at most :data:`TIMESTAMP_BYTES`), from the scratch course
-    (the grading account's, written while learner code ran) by descriptor, each at most
-    :data:`MAX_NOTEBOOK_BYTES`, the notebooks defanged; beside them the
+    pages, from the scratch course (the grading account's, written while learner code ran) by
+    descriptor, each at most :data:`MAX_NOTEBOOK_BYTES`, the notebooks defanged. Beside them the
     submission's other files as the hub took them (``submitted``: the formgrader shows a notebook's
-    images from there). Nothing else the notebook wrote while it ran comes back."""
+    images from there), and beside the pages the submission's :data:`FEEDBACK_FILES` (nbgrader's
+    ``release_feedback`` reads them). Nothing else the notebook wrote while it ran comes back."""
     notebooks = sorted(p.name for p in (hub.course / "source" / job.assignment).glob("*.ipynb"))
-    pages = [f"{Path(nb).stem}.html" for nb in notebooks] + ["timestamp.txt"]  # nbgrader's release_feedback reads it
-    for part, names in (("autograded", notebooks), ("feedback", pages)):
+    for part, names in (("autograded", notebooks), ("feedback", [f"{Path(nb).stem}.html" for nb in notebooks])):
         dest = hub.course / part / job.student / job.assignment
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.exists():
@@ -225,8 +225,12 @@ def take_back(hub: Hub, job: Job, scratch: Path, submitted: Path) -> None:
             os.close(safefiles.open_dir(scratch, part, job.student, job.assignment))
             for name in names:
                 with contextlib.suppress(FileNotFoundError):  # a notebook the learner did not submit
-                    taken[name] = safefiles.read_file(scratch, part, job.student, job.assignment, name, max_bytes=(
-                        TIMESTAMP_BYTES if name == "timestamp.txt" else MAX_NOTEBOOK_BYTES))
+                    taken[name] = safefiles.read_file(scratch, part, job.student, job.assignment, name,
+                                                      max_bytes=MAX_NOTEBOOK_BYTES)
+            if part == "feedback":
+                for name in FEEDBACK_FILES:
+                    with contextlib.suppress(FileNotFoundError):
+                        taken[name] = safefiles.read_file(submitted, name, max_bytes=FEEDBACK_FILE_BYTES)
         except (OSError, ValueError) as e:
             raise JobFailed(f"the {part} notebooks could not be taken back from the grading ({e}): "
                             "your notebook may have changed the grading's own files; ask the instructor") from None
