@@ -262,13 +262,10 @@ def supervise(
     raise_on_timeout: bool = True,
     wait_for_output: bool = True,
 ) -> JobResult:
-    """The one watcher of child processes: stream their output and stop them all when one of
-    these comes first:
-
+    """The one watcher of child processes: stream their output and stop them all when one of these comes first:
     - ``timeout`` seconds have passed (:class:`WorkerTimeout`, or ``timed_out`` in the result
       with ``raise_on_timeout=False``);
-    - one exited with an error :data:`CRASH_GRACE_S` ago (its peers would wait for it forever in
-      a collective);
+    - one exited with an error :data:`CRASH_GRACE_S` ago (its peers would wait for it forever in a collective);
     - together they wrote more than ``max_output_bytes`` (reading stops at once: ``output_exceeded``);
     - ``on_tick(elapsed_s)``, asked every ``tick_s``, returned a reason (kept as ``stopped``).
 
@@ -279,9 +276,9 @@ def supervise(
     the processes left running goes with them. The job has ended when every process has exited
     and, with ``wait_for_output``, their output has been read to its end; without it (untrusted
     code: a daemon it started may hold the pipe open) the exit alone ends it, and what the pipe
-    still holds is read after the kill.
+    still holds is read after the kill. MPICH's ``/dev/shm`` files the job left go too (:mod:`shmfiles`).
     """
-    shm_before = shmfiles.present()  # MPICH's files a killed job leaves in /dev/shm go at the end
+    shm_before = shmfiles.present()
     reader = OutputReader(procs, max_output_bytes)
     transcript = Transcript(labels, echo, MAX_PRINTED_LINES if max_printed_lines is None else max_printed_lines)
     stop = kill or (lambda: kill_sessions(procs))

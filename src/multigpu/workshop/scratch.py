@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multigpu.workshop import accounts, disks, limits, netns
+from multigpu.workshop import accounts, disks, limits, netns, serverlog
 from multigpu.workshop.layout import Hub
 
 #: Where scratch hubs' roots go: not /tmp, which each learner's server sees as its own.
@@ -207,6 +207,7 @@ def scratch_hub(tag: str, learners: list[str], *, python: str = sys.executable, 
                                 instructor], capture_output=True)
         for name in [*learners, instructor]:
             limits.release(f"user-{name}")
+        (serverlog.BUDGETS / instructor).unlink(missing_ok=True)  # the learners' went with their accounts
         disks.detach_exchange(Hub(root))
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(keys, ignore_errors=True)
