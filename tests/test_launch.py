@@ -299,6 +299,6 @@ def test_only_new_unused_shared_memory_files_of_this_account_are_removed(tmp_pat
     for name in ("mpich_shm_left_0", "mpich_shm_held_0", "other_file"):
         (tmp_path / name).write_bytes(b"x")
     with open(tmp_path / "mpich_shm_held_0") as held:  # a running job's, still open
-        assert shmfiles.remove_left(before, tmp_path) == ["mpich_shm_left_0"]
+        assert shmfiles.remove_left(before, tmp_path, wait_s=0.5) == ["mpich_shm_left_0"]
         assert held.read() == "x"
     assert sorted(os.listdir(tmp_path)) == ["mpich_shm_held_0", "mpich_shm_old_0", "other_file"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 
 SHM = Path("/dev/shm")
@@ -40,18 +41,25 @@ def in_use(paths: set[str]) -> set[str]:
     return used
 
 
-def remove_left(before: set[str], shm: Path = SHM) -> list[str]:
+def remove_left(before: set[str], shm: Path = SHM, wait_s: float = 3.0) -> list[str]:
     """Remove MPICH's files in ``shm`` that were not there ``before``, belong to this account and
-    are in no one's use; the names removed."""
+    are in no one's use; the names removed. A file still in use is looked at again for up to
+    ``wait_s`` seconds (a killed worker may take a moment to exit)."""
     new = {str(shm / name) for name in present(shm) - before}
     mine = set()
     for path in new:
         with contextlib.suppress(OSError):
             if os.lstat(path).st_uid == os.geteuid():
                 mine.add(path)
-    removed = []
-    for path in sorted(mine - in_use(mine) if mine else ()):
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-            removed.append(os.path.basename(path))
+    removed: list[str] = []
+    deadline = time.monotonic() + wait_s
+    while mine:
+        for path in sorted(mine - in_use(mine)):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed.append(os.path.basename(path))
+            mine.discard(path)
+        if not mine or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     return removed
