@@ -421,6 +421,46 @@ def test_submissions_refused_or_replaced_on_arrival_count_against_the_share_and_
     assert "<li>root: 8</li>" in gradingpage.render(hub, q, "teach", True, "/g/")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a submission must belong to the account it names: root's here")
+def test_a_stream_of_valid_resubmissions_stops_adding_rows_past_the_share_and_the_waiting_one_is_graded(
+        tmp_path, monkeypatch):
+    """A learner who submits a valid copy every few seconds: each replaced the waiting one and added a
+    row, without end (a red-team pass: 80 rows in 4 minutes). Replacements before a grading count
+    against the account's share; past it, a new submission while one waits is removed and counted,
+    and once the waiting one is graded the next submission is queued as ever."""
+    from multigpu.workshop import service, submissions
+
+    hub = layout.Hub(tmp_path)
+    for folder in (hub.course / "source" / "lab-00", hub.exchange / layout.COURSE_ID / "outbound" / "lab-00",
+                   hub.inbound, hub.submissions):
+        folder.mkdir(parents=True)
+    monkeypatch.setattr(service, "JUNK_PER_ACCOUNT", 3)
+    monkeypatch.setattr(submissions, "SETTLE_S", 0.1)
+    q = jobs.Queue(tmp_path / "q.sqlite")
+    seen: set[str] = set()
+
+    def submit(i: int) -> list[jobs.Job]:
+        name = f"root+lab-00+2026-11-28 23:00:{i:02d}.000000 UTC+resubmit{i:02d}"
+        (hub.inbound / name).mkdir()
+        (hub.inbound / name / "00-welcome.ipynb").write_text("{}")
+        time.sleep(0.3)
+        return service.scan(hub, q, seen=seen)
+
+    for i in range(4):
+        [job] = submit(i)
+        assert job.state == "queued"
+    assert q.refused_of("root") == 3 and q.total("root") == 4
+    for i in range(4, 8):
+        assert submit(i) == [], "past the share, a submission while one waits is not recorded"
+    assert q.total("root") == 4 and q.dropped() == [("root", 4)]
+    assert not any(n.endswith(("resubmit04", "resubmit07")) for n in os.listdir(hub.inbound))
+    taken = q.take()
+    assert taken is not None and taken.submission.endswith("resubmit03"), "the waiting submission stays queued"
+    q.finish(taken.id, "done", "graded")
+    [job] = submit(8)
+    assert job.state == "queued" and q.total("root") == 5
+
+
 def test_a_tree_too_deep_for_python_is_removed_and_stops_no_scan(tmp_path, monkeypatch):
     """A learner's entry past their share that is 3000 folders deep (Python's recursive rmtree stops
     at RecursionError, which aborted every scan): it is removed all the same, and the scan goes on."""

@@ -334,8 +334,14 @@ class Queue:
             return db.execute(sql, args).fetchone()[0]
 
     def refused_of(self, student: str) -> int:
-        """How many submissions of ``student`` were refused or replaced on arrival (recorded ended:
-        :meth:`add` with a ``state``)."""
+        """How many submissions of ``student`` were never graded: refused on arrival (recorded ended:
+        :meth:`add` with a ``state``) or replaced before a grading took them."""
         with self._db() as db:
-            return db.execute("SELECT COUNT(*) FROM jobs WHERE student = ? AND state IN ('failed', 'replaced') "
-                              "AND finished = created", (student,)).fetchone()[0]
+            return db.execute("SELECT COUNT(*) FROM jobs WHERE student = ? AND ((state = 'failed' AND finished = created) "
+                              "OR (state = 'replaced' AND started IS NULL))", (student,)).fetchone()[0]
+
+    def waiting_of(self, student: str, assignment: str) -> bool:
+        """Whether a submission of ``student`` for ``assignment`` waits for its grading."""
+        with self._db() as db:
+            return db.execute("SELECT 1 FROM jobs WHERE student = ? AND assignment = ? AND state IN ('queued', 'held') "
+                              "LIMIT 1", (student, assignment)).fetchone() is not None

@@ -66,7 +66,7 @@ def scan(hub: Hub, queue: jobs.Queue, source: ngshare.Ngshare | None = None,
     ngshare names each submitter by their hub token); returns the new jobs. ``seen``: the names
     already recorded (the scanner keeps it across scans; default: read from the queue). At most
     :data:`submissions.SCAN_BATCH` new entries a scan; past :data:`JUNK_PER_ACCOUNT` entries of one
-    account that are not graded (not submissions, submissions refused or replaced on arrival), that
+    account that are not graded (not submissions, submissions refused or replaced before a grading), that
     account's next such entries are removed unread, counted for the instructor's page."""
     seen = queue.seen() if seen is None else seen
     if source is not None:
@@ -146,8 +146,9 @@ def not_a_submission(queue: jobs.Queue, inbound: int, name: str, why: str, seen:
 
 def take_arrivals(hub: Hub, queue: jobs.Queue, arrivals: list[Arrived], seen: set[str]) -> list[jobs.Job]:
     """Queue the latest arrival of each learner and assignment (its copy taken: a refused one
-    fails with the reason), record the earlier ones as replaced unread (past the learner's share of
-    entries not graded, both are removed and counted: :func:`drop`); closes the submissions' descriptors."""
+    fails with the reason), record the earlier ones as replaced unread. Past the learner's share of
+    entries not graded, both are removed and counted (:func:`drop`), and so is a new submission while
+    one of the same assignment still waits (it stays queued); closes the submissions' descriptors."""
     latest: dict[tuple[str, str], Arrived] = {}
     new: list[jobs.Job] = []
     for now in sorted(arrivals, key=lambda a: a.arrival.timestamp):
@@ -164,6 +165,9 @@ def take_arrivals(hub: Hub, queue: jobs.Queue, arrivals: list[Arrived], seen: se
             seen.add(a.name)
     for arrival, fd, folder in latest.values():
         with safefiles.opened(fd):
+            if past_share(queue, arrival.student) and queue.waiting_of(arrival.student, arrival.assignment):
+                drop(queue, arrival.student, folder, arrival.name, seen)  # the waiting one stays: no row more
+                continue
             try:
                 submissions.take(hub, arrival, fd)
                 job = queue.add(arrival.name, arrival.student, arrival.assignment, arrival.timestamp)
