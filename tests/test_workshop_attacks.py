@@ -1476,3 +1476,73 @@ def test_20_a_flood_at_a_dead_route_adds_at_most_the_proxys_budget_to_its_log(hu
     assert sum(sent) > 300, f"only {sum(sent)} requests: the flood tests nothing"
     assert [line for line in lines if "deadroute" in line], "the proxy logged none of them: the test sees nothing"
     assert grown <= serverlog.LOG_BYTES + 4096 and all(len(line) <= 2100 for line in lines), (grown, max(map(len, lines)))
+
+
+#: From a learner's kernel: 100 threads log in as another learner with wrong passwords for
+#: {seconds} s, each POST claiming a made-up sender in X-Forwarded-For.
+LOGIN_FLOOD = """
+import http.client, json, os, random, re, threading, time, urllib.parse
+api = urllib.parse.urlsplit(os.environ["JUPYTERHUB_API_URL"])
+tried, until, status, slowest = [0] * 100, time.monotonic() + {seconds}, {{}}, [0.0]
+
+def flood(i):
+    while time.monotonic() < until:
+        claimed = f"10.9.{{i}}.{{random.randint(1, 254)}}"  # the same for the form and its POST (xsrf)
+        conn = http.client.HTTPConnection(api.hostname, api.port, timeout=120)
+        conn.request("GET", "/hub/login", headers={{"X-Forwarded-For": claimed}})
+        page = conn.getresponse()
+        body = page.read().decode(errors="replace")
+        cookies = "; ".join(v.split(";")[0] for k, v in page.getheaders() if k.lower() == "set-cookie")
+        xsrf = re.search(r'name="_xsrf" value="([^"]+)"', body)
+        conn.request("POST", "/hub/login", body=f"_xsrf={{xsrf.group(1) if xsrf else ''}}&username={victim}&password=wrong{{i}}",
+                     headers={{"Content-Type": "application/x-www-form-urlencoded", "Cookie": cookies,
+                              "X-Forwarded-For": claimed}})
+        began = time.monotonic()
+        answer = conn.getresponse()
+        answer.read()
+        conn.close()
+        tried[i] += 1
+        status[answer.status] = status.get(answer.status, 0) + 1
+        slowest[0] = max(slowest[0], time.monotonic() - began)
+
+threads = [threading.Thread(target=flood, args=(i,)) for i in range(100)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps({{"tried": sum(tried), "status": status, "slowest_s": round(slowest[0], 1)}}))
+"""
+
+
+def test_21_a_flood_of_wrong_logins_from_a_learners_server_delays_no_one_elses_login(hub):
+    """A's kernel sends 100 wrong-password logins at once, in B's name, for 40 s, each claiming
+    another sender. PAM takes about 2 s to refuse each, on the authenticator's threads: before, A's
+    flood held them all and another's login waited 2 minutes (fifth red-team pass). Now a source has
+    2 checks running and 20 waiting at most (``loginlimit``; A's server reaches the hub from an
+    address of its own, whatever X-Forwarded-For says): B logs in meanwhile, in seconds, with no
+    lockout of B's name."""
+    import threading
+
+    from multigpu.workshop.learnerclient import Learner
+
+    a, b = learners(hub)
+    server(hub, a)
+    before = hub.log.stat().st_size
+    out: list[str] = []
+    flood = threading.Thread(target=lambda: out.append(in_kernel(hub, a, LOGIN_FLOOD.format(seconds=45, victim=b))))
+    flood.start()
+    for _ in range(60):  # until the flood's logins are refused, so that they fill whatever queue there is
+        with open(hub.log, "rb") as f:
+            f.seek(before)
+            if f.read().count(f"Failed login for {b}".encode()) >= 5:
+                break
+        time.sleep(1)
+    time.sleep(3)
+    began = time.monotonic()
+    Learner(hub.base, b, hub.learners[b]).login()
+    took = time.monotonic() - began
+    flood.join(180)
+    assert out, "A's flood did not finish"
+    said = json.loads(out[0].strip().splitlines()[-1])
+    tried = said["tried"]
+    assert took < 10, f"B's login took {took:.1f} s during A's flood of wrong logins: {said}"
+    assert tried > 200, f"A's flood made only {tried} attempts: it tests nothing ({said})"
+    print("A's flood:", said, f"B's login: {took:.1f} s")

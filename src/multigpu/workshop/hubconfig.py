@@ -5,7 +5,8 @@
   the box itself (no identity provider, no internet for the room, works on an air-gapped box),
   and since JupyterHub's local process spawner runs each server as the Unix user that logged in,
   the kernel's file permissions are what keep learners apart. Only members of the workshop's
-  groups may log in; instructors are hub admins.
+  groups may log in; instructors are hub admins. Each sender's logins are checked a few at a time
+  (``loginlimit``): PAM's slow refusals of one learner's flood hold no one else's login.
 - Servers: :class:`WorkshopSpawner`, JupyterHub's ``LocalProcessSpawner`` that also confines each
   server (``limits.confine``: its own cgroup, the learners' cores only) and runs it, as its user,
   in PID, network, IPC and mount namespaces of its own (``namespaces``: no user sees another's
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from multigpu.core import layout as course_layout
-from multigpu.workshop import accesslog, copies, jobs, layout, limits, proxy, spawnqueue
+from multigpu.workshop import accesslog, copies, jobs, layout, limits, loginlimit, proxy, spawnqueue
 from multigpu.workshop.layout import Hub
 
 try:
@@ -293,7 +294,7 @@ def configure(c: Any) -> None:
     # anyone who reaches the hub chooses how many requests it logs, and how long their URLs are
     c.JupyterHub.tornado_settings = {"log_function": accesslog.for_the_hub()}
 
-    c.JupyterHub.authenticator_class = "pam"
+    c.JupyterHub.authenticator_class = loginlimit.room_authenticator()  # PAM, each source's logins bounded
     c.PAMAuthenticator.allowed_groups = {layout.LEARNERS_GROUP, layout.INSTRUCTORS_GROUP}
     c.PAMAuthenticator.open_sessions = False
     c.Authenticator.admin_users = set(instructors())

@@ -184,13 +184,20 @@ def run_namespaces(user: pwd.struct_passwd, cmd: Sequence[str], shm_bytes: int, 
     os._exit(code & 0xFF if code >= 0 else 128 - code)
 
 
-class Relay:
-    """Copies connections across the namespace: the proxy's in, the server's hub calls out."""
+def loopback_of(uid: int) -> str:
+    """The loopback address a user's server reaches the hub from: one a user, never 127.0.0.1 (root's
+    side: the proxy), so the hub tells the servers apart (``loginlimit`` bounds each one's logins)."""
+    return f"127.{100 + (uid >> 16) % 100}.{(uid >> 8) & 255}.{uid & 255}"
 
-    def __init__(self, inside: int, port: int, hub_ports: Sequence[int]) -> None:
+
+class Relay:
+    """Copies connections across the namespace: the proxy's in, the server's hub calls out (from
+    ``source``, the user's :func:`loopback_of`)."""
+
+    def __init__(self, inside: int, port: int, hub_ports: Sequence[int], source: str = "") -> None:
         self.inside = inside  # the learner's network namespace
         self.outside = os.open("/proc/self/ns/net", os.O_RDONLY)
-        self.port, self.hub_ports = port, list(hub_ports)
+        self.port, self.hub_ports, self.source = port, list(hub_ports), source
         self.open = {"in": 0, "out": 0}
 
     def socket_in(self, namespace: int) -> socket.socket:
@@ -233,6 +240,8 @@ class Relay:
         try:
             server = self.socket_in(target_ns)
             try:
+                if direction == "out" and self.source:
+                    server.bind((self.source, 0))
                 await loop.sock_connect(server, ("127.0.0.1", port))
                 await asyncio.gather(self.pump(client, server), self.pump(server, client))
             finally:
@@ -356,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with os.fdopen(ready_r) as ready:
         if ready.readline().strip() != "namespaces":
             return failed(child, out_r)
-        relay = Relay(os.open(f"/proc/{child}/ns/net", os.O_RDONLY), args.port, args.relay)
+        relay = Relay(os.open(f"/proc/{child}/ns/net", os.O_RDONLY), args.port, args.relay, loopback_of(user.pw_uid))
         inside = [relay.listener(relay.inside, port) for port in relay.hub_ports]  # before the server starts
         os.write(go_w, b"go\n")
         os.close(go_w)
