@@ -241,7 +241,7 @@ def test_hub_settings(monkeypatch, tmp_path):
     for name in ("JupyterHub", "ConfigurableHTTPProxy", "PAMAuthenticator", "Authenticator", "Spawner"):
         setattr(c, name, Section())
     hubconfig.configure(c)
-    assert c.JupyterHub.authenticator_class == "pam"
+    assert c.JupyterHub.authenticator_class == "multigpu.workshop.loginlimit.RoomAuthenticator"
     assert c.PAMAuthenticator.allowed_groups == {layout.LEARNERS_GROUP, layout.INSTRUCTORS_GROUP}
     assert c.Authenticator.admin_users == {"teach"}
     assert c.JupyterHub.spawner_class is hubconfig.WorkshopSpawner
@@ -399,6 +399,7 @@ def test_submissions_refused_or_replaced_on_arrival_count_against_the_share_and_
             os.mkfifo(hub.inbound / name / "00-welcome.ipynb")
         else:
             (hub.inbound / name / "00-welcome.ipynb").write_text("{}")
+        (hub.inbound / name / "timestamp.txt").write_text(f"2026-11-28 05:00:{i:02d}.000000 UTC")
         return name
 
     names = [arrive(i, fifo=True) for i in range(10)]
@@ -443,6 +444,7 @@ def test_a_stream_of_valid_resubmissions_stops_adding_rows_past_the_share_and_th
         name = f"root+lab-00+2026-11-28 23:00:{i:02d}.000000 UTC+resubmit{i:02d}"
         (hub.inbound / name).mkdir()
         (hub.inbound / name / "00-welcome.ipynb").write_text("{}")
+        (hub.inbound / name / "timestamp.txt").write_text(f"2026-11-28 23:00:{i:02d}.000000 UTC")
         time.sleep(0.3)
         return service.scan(hub, q, seen=seen)
 
@@ -459,6 +461,27 @@ def test_a_stream_of_valid_resubmissions_stops_adding_rows_past_the_share_and_th
     q.finish(taken.id, "done", "graded")
     [job] = submit(8)
     assert job.state == "queued" and q.total("root") == 5
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a submission must belong to the account it names: root's here")
+def test_a_submission_without_nbgraders_timestamp_is_refused_in_words_not_a_traceback(tmp_path, monkeypatch):
+    """A folder made by hand with a submission's name but no timestamp.txt: nbgrader's autograde
+    failed on it and the learner read its traceback (fifth red-team pass); now it is refused on
+    arrival, saying what is missing and how to submit."""
+    from multigpu.workshop import service, submissions
+
+    hub = layout.Hub(tmp_path)
+    for folder in (hub.course / "source" / "lab-00", hub.exchange / layout.COURSE_ID / "outbound" / "lab-00",
+                   hub.inbound, hub.submissions):
+        folder.mkdir(parents=True)
+    monkeypatch.setattr(submissions, "SETTLE_S", 0.1)
+    name = "root+lab-00+2026-11-28 23:10:00.000000 UTC+nostamp"
+    (hub.inbound / name).mkdir()
+    (hub.inbound / name / "00-welcome.ipynb").write_text("{}")
+    time.sleep(0.3)
+    [job] = service.scan(hub, jobs.Queue(tmp_path / "q.sqlite"), seen=set())
+    assert job.state == "failed" and "no timestamp.txt" in job.message and "Submit" in job.message, job.message
+    assert not submissions.copy_path(hub, name).exists()
 
 
 def test_a_tree_too_deep_for_python_is_removed_and_stops_no_scan(tmp_path, monkeypatch):

@@ -294,7 +294,7 @@ def configure(c: Any) -> None:
     # anyone who reaches the hub chooses how many requests it logs, and how long their URLs are
     c.JupyterHub.tornado_settings = {"log_function": accesslog.for_the_hub()}
 
-    c.JupyterHub.authenticator_class = loginlimit.room_authenticator()  # PAM, each source's logins bounded
+    c.JupyterHub.authenticator_class = loginlimit.AUTHENTICATOR  # PAM, each source's logins bounded
     c.PAMAuthenticator.allowed_groups = {layout.LEARNERS_GROUP, layout.INSTRUCTORS_GROUP}
     c.PAMAuthenticator.open_sessions = False
     c.Authenticator.admin_users = set(instructors())
