@@ -394,7 +394,7 @@ def test_the_grading_service_reads_submissions_from_ngshare_and_returns_feedback
     dest = grading.collect(box, queued[("alice", "lab-01")])
     assert dest == box.course / "submitted" / "alice" / "lab-01"
     assert (dest / "answer.txt").read_text() == "alice's work" and (dest / "01-gd-vs-sgd.ipynb").is_file()
-    assert (dest / ngshare.STAMP_FILE).read_text() == subs[0].timestamp
+    assert (dest / layout.STAMP_FILE).read_text() == subs[0].timestamp
     assert grading.released_labs(box) == ["lab-00", "lab-01"]
     feedback = tmp_path / "feedback"
     feedback.mkdir()

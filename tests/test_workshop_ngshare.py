@@ -8,7 +8,7 @@ import base64
 
 import pytest
 
-from multigpu.workshop import ngshare
+from multigpu.workshop import layout, ngshare
 
 
 def _file(path: str, data: bytes) -> dict[str, str]:
@@ -20,7 +20,7 @@ def test_a_submissions_files_are_written_inside_its_folder_and_a_stored_result_i
     files = [_file("00-welcome.ipynb", b"{}"), _file("data/images.bin", big), _file("grading-result.json", b"forged"),
              _file("timestamp.txt", b"1999-01-01"), _file(".ipynb_checkpoints/00-welcome-checkpoint.ipynb", b"{}")]
     written = ngshare.write_files(tmp_path / "sub", files,
-                                  skip=("grading-result.json", ngshare.STAMP_FILE, ".ipynb_checkpoints"))
+                                  skip=("grading-result.json", layout.STAMP_FILE, ".ipynb_checkpoints"))
     assert sorted(p.relative_to(tmp_path / "sub").as_posix() for p in written) == ["00-welcome.ipynb", "data/images.bin"]
     assert (tmp_path / "sub/data/images.bin").read_bytes() == big
     assert not (tmp_path / "sub/grading-result.json").exists() and not (tmp_path / "sub/timestamp.txt").exists()

@@ -58,7 +58,7 @@ STEP_TIMEOUT_S = 600
 MAX_NOTEBOOK_BYTES = safefiles.SUBMISSION.file_bytes
 #: The files of a submission, made by nbgrader's submit, that its feedback folder needs too (a date
 #: and time, a random hex string), and the most each may weigh.
-FEEDBACK_FILES, FEEDBACK_FILE_BYTES = ("timestamp.txt", "submission_secret.txt"), 200
+FEEDBACK_FILES, FEEDBACK_FILE_BYTES = (layout.STAMP_FILE, "submission_secret.txt"), 200
 #: The outputs an autograded notebook keeps in the instructor's course: text and raster images.
 SAFE_OUTPUTS = ("text/plain", "image/png", "image/jpeg")
 

@@ -25,6 +25,8 @@ from pathlib import Path
 DEFAULT_ROOT = "/srv/multigpu"
 #: nbgrader's course id on the hub (the exchange's folder, the learners' Assignments tab).
 COURSE_ID = "multigpu"
+#: What nbgrader's submit writes into every submission: the time it was made (grading and feedback need it).
+STAMP_FILE = "timestamp.txt"
 #: The assessment's assignment on the hub (the labs are lab-00 ... lab-05).
 ASSESSMENT = "assessment"
 #: Unix groups: every learner account, the instructor accounts.

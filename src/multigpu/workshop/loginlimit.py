@@ -67,22 +67,16 @@ class Gates:
                 self.gates.pop(source, None)
 
 
-#: How the hub's configuration names :func:`room_authenticator`'s class.
+#: How the hub's configuration names the authenticator (the module's ``RoomAuthenticator``).
 AUTHENTICATOR = f"{__name__}.RoomAuthenticator"
 
 
 def __getattr__(name: str) -> type:
-    """``RoomAuthenticator``, built when the hub imports it (only the hub has JupyterHub)."""
+    """``RoomAuthenticator``: JupyterHub's PAM authenticator (the box's accounts), each source's
+    checks bounded by :class:`Gates`, on :data:`THREADS` threads. Built when the hub imports it:
+    only the hub has JupyterHub."""
     if name != "RoomAuthenticator":
         raise AttributeError(f"module {__name__} has no attribute {name!r}")
-    built = room_authenticator()
-    globals()[name] = built
-    return built
-
-
-def room_authenticator() -> type:
-    """The hub's authenticator: JupyterHub's PAM one (the box's accounts), each source's checks
-    bounded by :class:`Gates`, on :data:`THREADS` threads."""
     from jupyterhub.auth import PAMAuthenticator
     from traitlets import Integer
 
@@ -97,4 +91,5 @@ def room_authenticator() -> type:
             source = source_of(handler) if handler is not None else ""
             return await self.gates.run(source, lambda: super(RoomAuthenticator, self).authenticate(handler, data))
 
+    globals()[name] = RoomAuthenticator
     return RoomAuthenticator

@@ -194,7 +194,7 @@ class Relay:
     """Copies connections across the namespace: the proxy's in, the server's hub calls out (from
     ``source``, the user's :func:`loopback_of`)."""
 
-    def __init__(self, inside: int, port: int, hub_ports: Sequence[int], source: str = "") -> None:
+    def __init__(self, inside: int, port: int, hub_ports: Sequence[int], source: str) -> None:
         self.inside = inside  # the learner's network namespace
         self.outside = os.open("/proc/self/ns/net", os.O_RDONLY)
         self.port, self.hub_ports, self.source = port, list(hub_ports), source
@@ -240,7 +240,7 @@ class Relay:
         try:
             server = self.socket_in(target_ns)
             try:
-                if direction == "out" and self.source:
+                if direction == "out":
                     server.bind((self.source, 0))
                 await loop.sock_connect(server, ("127.0.0.1", port))
                 await asyncio.gather(self.pump(client, server), self.pump(server, client))

@@ -33,7 +33,6 @@ from multigpu.workshop import layout
 URL_VAR = "MULTIGPU_NGSHARE_URL"
 TOKEN_VAR = "JUPYTERHUB_API_TOKEN"
 #: nbgrader's record of when a submission was made (autograde reads it for late penalties)
-STAMP_FILE = "timestamp.txt"
 #: A learner's or an assignment's name as it may become a folder of the course (hub logins may
 #: carry dots, dashes and an @; nothing that climbs or hides a path)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,99}")
@@ -132,8 +131,8 @@ class Ngshare:
         answer = self.call("GET", f"/submission/{self.course_id}/{sub.assignment}/{sub.student}",
                            params={"timestamp": sub.timestamp})
         dest.mkdir(parents=True, exist_ok=True)
-        written = write_files(dest, answer["files"], skip=(*skip, STAMP_FILE))
-        (dest / STAMP_FILE).write_text(sub.timestamp)
+        written = write_files(dest, answer["files"], skip=(*skip, layout.STAMP_FILE))
+        (dest / layout.STAMP_FILE).write_text(sub.timestamp)
         return written
 
     def upload_feedback(self, sub: Submission, folder: Path) -> list[str]:

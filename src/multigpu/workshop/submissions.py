@@ -159,14 +159,10 @@ def take(hub: Hub, arrival: Arrival, folder_fd: int) -> Path:
     dest = copy_path(hub, arrival.name)
     forget(hub, arrival.name)
     safefiles.copy_tree(folder_fd, dest, owner=pwd.getpwnam(arrival.student).pw_uid, caps=safefiles.SUBMISSION)
-    if not (dest / STAMP).is_file():  # nbgrader's grading and feedback need it
+    if not (dest / layout.STAMP_FILE).is_file():
         forget(hub, arrival.name)
-        raise safefiles.Refused(f"it has no {STAMP} (the Assignments tab's Submit writes one)")
+        raise safefiles.Refused(f"it has no {layout.STAMP_FILE} (the Assignments tab's Submit writes one)")
     return dest
-
-
-#: What nbgrader's submit writes into every submission: the time it was made.
-STAMP = "timestamp.txt"
 
 
 def forget(hub: Hub, name: str) -> None:
